@@ -1,0 +1,41 @@
+"""remat: save fewer activations for the backward and recompute cheap ones, chosen by a
+bytes-weighted min-cut over the joint forward+backward graph."""
+
+from .api import checkpoint, compiled_plans, explain
+from .capture import remat_backend
+from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematError
+from .options import Options
+from .plan import Plan, SavedTensor
+from .policy import MUST_RECOMPUTE, MUST_SAVE, Decision, OpInfo, Rule, recompute, save
+
+__all__ = [
+    "checkpoint",
+    "explain",
+    "compiled_plans",
+    "remat_backend",
+    "Options",
+    "Plan",
+    "SavedTensor",
+    "Decision",
+    "MUST_SAVE",
+    "MUST_RECOMPUTE",
+    "OpInfo",
+    "Rule",
+    "save",
+    "recompute",
+    "RematError",
+    "PolicyError",
+    "PlanningError",
+    "InfeasibleBudgetError",
+]
+
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    from . import compat
+
+    compat.register_backend("remat", remat_backend)
+
+
+_register()

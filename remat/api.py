@@ -1,0 +1,140 @@
+"""Public entry points: ``checkpoint`` and ``explain``. They validate arguments and wire the
+stages together; the algorithms live in ``graph``, ``solver`` and ``partition``."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.nn as nn
+
+from .capture import RematBackend
+from .errors import RematError
+from .options import Options
+from .plan import Plan
+
+__all__ = ["checkpoint", "explain", "compiled_plans"]
+
+T = TypeVar("T")
+_ATTR = "_remat_backend"
+
+
+def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
+    ``RematError`` unchanged so users see the ``remat:`` message first."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RematError:
+            raise
+        except Exception as e:
+            inner: BaseException | None = e
+            while inner is not None:
+                if isinstance(inner, RematError):
+                    raise inner.with_traceback(None) from None
+                inner = getattr(inner, "inner_exception", None) or inner.__cause__
+            raise
+
+    return call
+
+
+def _entry(module: nn.Module) -> Callable[..., Any]:
+    """A top-level frame for Dynamo that runs the module with its hooks. (Compiling
+    ``module._call_impl`` directly makes Dynamo skip that torch-internal frame and capture each
+    submodule separately.)"""
+
+    def run_module(*args: Any, **kwargs: Any) -> Any:
+        return module._call_impl(*args, **kwargs)
+
+    return run_module
+
+
+def checkpoint(
+    model: T,
+    *,
+    backend: str = "inductor",
+    policy: Any = None,
+    strict: bool = False,
+    dynamic: bool | None = None,
+) -> T:
+    """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
+
+    A module comes back as a shallow copy sharing its parameters, buffers and submodules
+    with ``model``: the same ``state_dict()`` keys, usable with any optimizer, ``.train()``
+    and ``.eval()`` (in eval mode the module runs as written, uncompiled and unplanned). A
+    function comes back as a function. Each captured training graph is
+    planned by a bytes-weighted min-cut; ``remat.compiled_plans(wrapped)`` lists the plans.
+    """
+    options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic)
+    rb = RematBackend(options)
+    if isinstance(model, nn.Module):
+        wrapped = copy.copy(model)
+        wrapped.__dict__[_ATTR] = rb
+        compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic))
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # Eval mode runs the module as written: no joint graph is planned for inference.
+            if not wrapped.training:
+                return wrapped._call_impl(*args, **kwargs)
+            return compiled(*args, **kwargs)
+
+        wrapped.__dict__["_compiled_call_impl"] = call
+        return wrapped
+    if callable(model):
+        compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic))
+
+        @functools.wraps(model)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return compiled(*args, **kwargs)
+
+        setattr(run, _ATTR, rb)
+        return run  # type: ignore[return-value]
+    raise RematError(
+        f"remat: checkpoint expects an nn.Module or a callable, got {type(model).__name__}. "
+        "Pass the model itself (remat.checkpoint(model)) or a function of tensors."
+    )
+
+
+def compiled_plans(model: Any) -> list[Plan]:
+    """The plans of the graphs a ``checkpoint``-wrapped model has compiled so far."""
+    rb = getattr(model, _ATTR, None) if not isinstance(model, nn.Module) else model.__dict__.get(_ATTR)
+    if rb is None:
+        raise RematError(
+            f"remat: compiled_plans expects a model returned by remat.checkpoint, got "
+            f"{type(model).__name__}. Wrap it first: model = remat.checkpoint(model)."
+        )
+    return list(rb.plans)
+
+
+def explain(model: Any, *args: Any, **kwargs: Any) -> Plan:
+    """Plan ``model`` for these inputs without training: the same capture and solve path as
+    ``checkpoint`` (with the wrapped model's options, or the defaults), returning the Plan.
+    The forward runs once, uncompiled; nothing is compiled or trained."""
+    if isinstance(model, nn.Module):
+        rb = model.__dict__.get(_ATTR)
+        fn: Callable[..., Any] = _entry(model)
+    elif callable(model):
+        rb = getattr(model, _ATTR, None)
+        fn = getattr(model, "__wrapped__", model) if rb is not None else model
+    else:
+        raise RematError(
+            f"remat: explain expects an nn.Module or a callable, got {type(model).__name__}. "
+            "Call remat.explain(model, *example_inputs)."
+        )
+    options = rb.options if rb is not None else Options()
+    probe = RematBackend(options, explain_only=True)
+    compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic))
+    with torch.enable_grad():
+        compiled(*args, **kwargs)
+    if not probe.plans:
+        raise RematError(
+            "remat: explain found no training graph: nothing in this call requires grad (or "
+            "the model is in a torch.no_grad() region). Pass inputs or parameters with "
+            "requires_grad=True, as in training."
+        )
+    return Plan.combine(probe.plans)

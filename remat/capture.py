@@ -1,0 +1,67 @@
+"""Capture: the Dynamo backend that hands each captured graph to AOTAutograd with remat's
+partition function, then to the chosen lowering (Inductor or uncompiled)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx as fx
+
+from . import compat
+from .options import Options
+from .partition import make_partition_fn
+from .plan import Plan
+
+__all__ = ["RematBackend", "remat_backend"]
+
+
+class _Planned(Exception):
+    """Raised after planning in explain-only mode, to skip compiling the planned graph."""
+
+
+def _run_uncompiled(gm: fx.GraphModule, example_inputs: Any) -> Any:
+    return compat.make_boxed_func(gm.forward)
+
+
+class RematBackend:
+    """A Dynamo backend. ``plans`` collects one Plan per captured training graph, in capture
+    order. With ``explain_only``, graphs are planned but run uncompiled and never trained."""
+
+    def __init__(self, options: Options, *, explain_only: bool = False):
+        self.options = options
+        self.explain_only = explain_only
+        self.plans: list[Plan] = []
+
+    def _sink(self, plan: Plan) -> None:
+        self.plans.append(plan)
+        if self.explain_only:
+            raise _Planned()
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        partition = make_partition_fn(self.options, self._sink)
+        try:
+            if self.options.backend == "eager":
+                lower = compat.aot_autograd(
+                    fw_compiler=_run_uncompiled,
+                    bw_compiler=_run_uncompiled,
+                    partition_fn=partition,
+                    decompositions=compat.select_decomp_table(),
+                )
+                with compat.no_autograd_cache():
+                    return lower(gm, example_inputs)
+            with compat.inductor_partitioner(partition):
+                return compat.compile_fx(gm, example_inputs)
+        except _Planned:
+            return gm.forward
+        except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned
+            cause = e
+            while cause is not None:
+                if isinstance(cause, _Planned):
+                    return gm.forward
+                cause = cause.__cause__
+            raise
+
+
+def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    """``torch.compile(model, backend="remat")``: remat with default options (Inductor)."""
+    return RematBackend(Options(**kwargs))(gm, example_inputs)

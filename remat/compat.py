@@ -1,0 +1,115 @@
+"""The only home of private torch APIs. Each import names the torch versions it was checked on.
+
+Checked on: torch 2.13.0 (CPU, this project's CI) and torch 2.11.0 (CUDA, the GPU machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from functorch.compile import make_boxed_func  # noqa: F401  (public; 2.11, 2.13)
+
+# torch 2.11, 2.13: AOTAutograd as a Dynamo backend, with our own partition function.
+from torch._dynamo.backends.common import aot_autograd  # noqa: F401  (2.11, 2.13)
+from torch._dynamo.backends.registry import register_backend as _register_backend  # 2.11, 2.13
+from torch._functorch import config as functorch_config  # 2.11, 2.13
+from torch._functorch import partitioners as _partitioners  # 2.11, 2.13
+from torch._inductor import config as inductor_config  # 2.11, 2.13
+from torch._inductor.decomposition import select_decomp_table  # noqa: F401  (2.11, 2.13)
+
+__all__ = [
+    "aot_autograd",
+    "select_decomp_table",
+    "make_boxed_func",
+    "extract_fwd_bwd",
+    "default_partition",
+    "compile_fx",
+    "inductor_partitioner",
+    "register_backend",
+]
+
+def extract_fwd_bwd(
+    joint: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes: Any = None,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Split the joint graph: the forward returns its outputs plus ``saved_values``; the
+    backward takes them and recomputes every other forward value it needs.
+    ``_extract_fwd_bwd_modules``: 2.11, 2.13 (keyword arguments differ; filtered here)."""
+    fn = _partitioners._extract_fwd_bwd_modules
+    params = inspect.signature(fn).parameters
+    kwargs: dict[str, Any] = {"num_fwd_outputs": num_fwd_outputs}
+    if "static_lifetime_input_nodes" in params:
+        kwargs["static_lifetime_input_nodes"] = static_lifetime_input_nodes
+    return fn(joint, saved_values, saved_sym_nodes=saved_sym_nodes, **kwargs)
+
+
+def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+    """Save what the forward computes and the backward reads (autograd's behaviour).
+    ``default_partition``: 2.11, 2.13."""
+    params = inspect.signature(_partitioners.default_partition).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return _partitioners.default_partition(joint, joint_inputs, **kwargs)
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
+    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13."""
+    from torch._inductor.compile_fx import compile_fx as _compile_fx
+
+    return _compile_fx(gm, example_inputs)
+
+
+def no_autograd_cache() -> Any:
+    """Turn off the AOTAutograd cache (its key ignores the partitioner). 2.11, 2.13."""
+    return functorch_config.patch(enable_autograd_cache=False)
+
+
+@contextlib.contextmanager
+def inductor_partitioner(partition_fn: Callable[..., Any]) -> Iterator[None]:
+    """Make Inductor partition joint graphs with ``partition_fn`` inside this context.
+
+    torch 2.13 has ``torch._inductor.config.custom_partitioner_fn``; torch 2.11 does not. Both
+    versions' ``compile_fx`` call the module-level name ``min_cut_rematerialization_partition``
+    when no custom partitioner is set, so that name is rebound here: one code path for both
+    versions. (``custom_partitioner_fn`` would also enter Inductor's cache key, which cannot
+    pickle a closure.) The AOTAutograd cache is turned off inside the context: its key does not include
+    the partitioner, so it could return a graph partitioned by the default partitioner."""
+    import torch._inductor.compile_fx as cfx
+
+    stack = contextlib.ExitStack()
+    with stack:
+        stack.enter_context(no_autograd_cache())
+        if hasattr(inductor_config, "fx_graph_remote_cache"):
+            stack.enter_context(inductor_config.patch(fx_graph_remote_cache=False))
+        original = cfx.min_cut_rematerialization_partition
+        cfx.min_cut_rematerialization_partition = partition_fn
+        try:
+            yield
+        finally:
+            cfx.min_cut_rematerialization_partition = original
+
+
+def register_backend(name: str, fn: Callable[..., Any]) -> None:
+    """``torch._dynamo.backends.registry.register_backend``: 2.11, 2.13."""
+    from torch._dynamo.backends.registry import _BACKENDS
+
+    if name not in _BACKENDS:
+        _register_backend(compiler_fn=fn, name=name)
+
+
+def is_sym(val: object) -> bool:
+    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def ordered_set(items: Any) -> Any:
+    """``torch.utils._ordered_set.OrderedSet``: 2.11, 2.13."""
+    from torch.utils._ordered_set import OrderedSet
+
+    return OrderedSet(items)

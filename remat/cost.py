@@ -1,0 +1,45 @@
+"""Bytes of values, from fake-tensor metadata. Symbolic sizes use their size hints."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["hint", "numel", "nbytes", "shape", "dtype_name"]
+
+
+def hint(x: object) -> int:
+    """A concrete int for an int or a SymInt (its size hint)."""
+    if isinstance(x, torch.SymInt):
+        node = x.node
+        h = getattr(node, "hint", None)
+        if h is not None:
+            return int(h)
+        return int(node.shape_env.size_hint(node.expr))
+    return int(x)  # type: ignore[call-overload]
+
+
+def numel(val: object) -> int:
+    if isinstance(val, torch.Tensor):
+        return hint(val.numel())
+    return 0
+
+
+def nbytes(val: object) -> int:
+    """Storage bytes a tensor value keeps alive (0 for non-tensors)."""
+    if isinstance(val, torch.Tensor):
+        return numel(val) * val.element_size()
+    return 0
+
+
+def shape(val: object) -> tuple[int, ...]:
+    if isinstance(val, torch.Tensor):
+        return tuple(hint(s) for s in val.shape)
+    return ()
+
+
+def dtype_name(val: object) -> str:
+    if isinstance(val, torch.Tensor):
+        return str(val.dtype).removeprefix("torch.")
+    if isinstance(val, torch.SymInt):
+        return "SymInt"
+    return type(val).__name__ if val is not None else ""

@@ -1,0 +1,351 @@
+"""The fx joint graph, lowered to facts the solver and the plan need.
+
+``analyze`` classifies every node of an AOTAutograd joint graph:
+
+* inputs: ``primals_*`` placeholders (parameters and buffers among them are free to save);
+* backward: tangents and everything that depends on a tangent;
+* forward-computable: every other op. Those that forward outputs depend on are *forward*
+  ops (the forward computes them anyway); the rest are computed from forward values only
+  for the backward and may run in either half.
+
+It also builds the torch-free :class:`remat.solver.Problem` from per-op decisions.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from . import cost
+from .policy import OpInfo
+from .solver import Problem
+
+__all__ = ["NodeFacts", "JointGraph", "analyze", "op_name"]
+
+MATMUL_OPS = frozenset(
+    "aten." + n
+    for n in (
+        "mm addmm bmm baddbmm matmul mv addmv dot vdot _int_mm _scaled_mm convolution "
+        "_convolution conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d "
+        "cudnn_convolution cudnn_convolution_transpose mkldnn_convolution miopen_convolution "
+        "_weight_int4pack_mm _weight_int8pack_mm linear"
+    ).split()
+)
+ATTENTION_OPS = frozenset(
+    "aten." + n
+    for n in (
+        "scaled_dot_product_attention _scaled_dot_product_attention_math "
+        "_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_for_cpu "
+        "_scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention "
+        "_scaled_dot_product_fused_attention_overrideable _flash_attention_forward "
+        "_efficient_attention_forward"
+    ).split()
+) | {"higher_order.flex_attention"}
+REDUCTION_OPS = frozenset(
+    "aten." + n
+    for n in (
+        "sum mean amax amin var var_mean std std_mean prod logsumexp max min norm "
+        "linalg_vector_norm any all nansum"
+    ).split()
+) | frozenset({"prims.sum", "prims.var", "prims.amax", "prims.amin", "prims.prod"})
+DATA_DEPENDENT_OPS = frozenset(
+    "aten." + n
+    for n in (
+        "topk sort argsort argmax argmin nonzero nonzero_static unique_dim _unique _unique2 "
+        "unique_consecutive kthvalue mode median nanmedian masked_select searchsorted "
+        "bucketize _local_scalar_dense histc"
+    ).split()
+) | frozenset({"aten.max.dim", "aten.min.dim", "aten.cummax", "aten.cummin"})
+RANDOM_OPS = frozenset(
+    "aten." + n
+    for n in (
+        "native_dropout bernoulli rand randn rand_like randn_like randint randint_like normal "
+        "uniform exponential multinomial randperm"
+    ).split()
+) | frozenset(
+    {"prims.inductor_random", "prims.inductor_seeds", "rngprims.philox_rand",
+     "higher_order.run_and_save_rng_state", "higher_order.run_with_rng_state"}
+)
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d"})
+MUTATING_HOPS = frozenset({"higher_order.with_effects", "higher_order.auto_functionalized",
+                           "higher_order.triton_kernel_wrapper_mutation"})
+
+
+def op_name(node: fx.Node) -> str:
+    """``aten.mm.default``, ``getitem``, ``higher_order.flex_attention``; ``""`` for placeholders."""
+    t = node.target
+    if node.op != "call_function":
+        return ""
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        return f"higher_order.{t.name()}"
+    if t is operator.getitem:
+        return "getitem"
+    return getattr(t, "__name__", str(t))
+
+
+def _packet(op: str) -> str:
+    return ".".join(op.split(".")[:2])
+
+
+_PATH_KEY = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"^L\[['\"][^'\"]*['\"]\]", "", path)
+    path = _PATH_KEY.sub(r".\1", path)
+    path = re.sub(r"^self\.|^_orig_mod\.", "", path.lstrip("."))
+    return path.lstrip(".")
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _source(node: fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    frames = _FRAME.findall(trace)
+    if not frames:
+        return ""
+    file, line = frames[-1]
+    return f"{file.rsplit('/', 1)[-1]}:{line}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the plan reports of one value of the joint graph."""
+
+    name: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    module: str
+    source: str
+    role: str  # "input", "parameter", "forward", "backward-only"
+
+
+@dataclass
+class JointGraph:
+    """Facts about one joint graph: values are the forward-computable nodes, in graph order."""
+
+    nodes: list[fx.Node]
+    index: dict[fx.Node, int]
+    facts: list[NodeFacts]
+    ops: list[OpInfo]
+    inputs: list[tuple[int, ...]]
+    cost: list[int]
+    needed: set[int]
+    forward: set[int]
+    eager_saved: list[int] = field(default_factory=list)
+
+    def problem(self, no_recompute: dict[int, str], no_save: dict[int, str]) -> Problem:
+        return Problem(
+            inputs=tuple(self.inputs),
+            cost=tuple(self.cost),
+            needed=frozenset(self.needed),
+            no_recompute=dict(no_recompute),
+            no_save=dict(no_save),
+            names=tuple(f.name for f in self.facts),
+        )
+
+
+def _is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and (
+        str(node.target).startswith("tangents") or str(node.target).startswith("bwd_")
+    )
+
+
+def _fwd_bwd_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
+    out = gm.graph.find_nodes(op="output")[0]
+    args = list(torch.utils._pytree.tree_leaves(out.args))
+    return args[:num_fwd_outputs], args[num_fwd_outputs:]
+
+
+def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    return [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+def _flags(node: fx.Node, op: str) -> dict:
+    t = node.target
+    packet = _packet(op)
+    flags = {}
+    if isinstance(t, torch._ops.OpOverload):
+        schema = t._schema
+        rets = schema.returns
+        flags["is_view"] = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+        flags["is_mutating"] = schema.is_mutable
+        flags["is_random"] = torch.Tag.nondeterministic_seeded in t.tags or packet in RANDOM_OPS
+        flags["is_collective"] = t.namespace in COLLECTIVE_NAMESPACES
+    else:
+        flags["is_random"] = op in RANDOM_OPS
+        flags["is_mutating"] = op in MUTATING_HOPS
+    flags["is_data_dependent"] = packet in DATA_DEPENDENT_OPS or op in DATA_DEPENDENT_OPS
+    flags["is_matmul"] = packet in MATMUL_OPS
+    flags["is_attention"] = packet in ATTENTION_OPS or op in ATTENTION_OPS
+    if flags["is_attention"]:
+        # Attention kernels are tagged as seeded for their optional dropout.
+        flags["is_random"] = _attention_dropout(node) > 0
+    if packet in REDUCTION_OPS:
+        ins = _tensor_inputs(node)
+        out_numel = cost.numel(node.meta.get("val"))
+        in_numel = cost.numel(ins[0].meta.get("val")) if ins else 0
+        flags["reduction_ratio"] = in_numel / max(out_numel, 1)
+    return flags
+
+
+def _attention_dropout(node: fx.Node) -> float:
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return 0.0
+    for i, arg in enumerate(t._schema.arguments):
+        if arg.name == "dropout_p":
+            value = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
+            return float(value or 0.0)
+    return 0.0
+
+
+def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int]) -> JointGraph:
+    """Classify the joint graph's nodes (see the module docstring)."""
+    graph = gm.graph
+    primals = [n for n in graph.nodes if n.op == "placeholder" and not _is_tangent(n)]
+    static = {primals[i] for i in static_input_indices if i < len(primals)}
+    fwd_outs, bwd_outs = _fwd_bwd_outputs(gm, num_fwd_outputs)
+
+    backward: set[fx.Node] = set()
+    for n in graph.nodes:
+        if _is_tangent(n) or any(a in backward for a in n.all_input_nodes):
+            if n.op != "output":
+                backward.add(n)
+    forward_nodes: set[fx.Node] = set()
+    stack = [a for a in fwd_outs if isinstance(a, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in forward_nodes:
+            continue
+        forward_nodes.add(n)
+        stack.extend(n.all_input_nodes)
+    # Every output of a multi-output forward op (an attention's logsumexp, say) is forward.
+    forward_nodes.update(u for n in list(forward_nodes) for u in n.users
+                         if u.target is operator.getitem)
+
+    values = [n for n in graph.nodes if n.op in ("placeholder", "call_function", "get_attr")
+              and n not in backward]
+    index = {n: i for i, n in enumerate(values)}
+    needed: set[int] = set()
+    for n in backward:
+        needed.update(index[a] for a in n.all_input_nodes if a in index)
+    needed.update(index[a] for a in bwd_outs if isinstance(a, fx.Node) and a in index)
+
+    # Statistics (reduction outputs and pointwise functions of them) for the normalization rule.
+    op_names = {n: op_name(n) for n in values}
+    flags = {n: _flags(n, op_names[n]) for n in values if n.op == "call_function"}
+    stat: set[fx.Node] = set()
+    for n in values:
+        if n.op != "call_function":
+            continue
+        f = flags[n]
+        if f.get("reduction_ratio", 0) >= 4:
+            stat.add(n)
+        elif op_names[n] == "getitem" and n.args[0] in stat:
+            stat.add(n)
+        else:
+            ins = _tensor_inputs(n)
+            if ins and all(a in stat for a in ins) and not f.get("is_view"):
+                stat.add(n)
+
+    def reads_stat_and_full(n: fx.Node) -> bool:
+        ins = _tensor_inputs(n)
+        full = cost.numel(n.meta.get("val"))
+        return any(a in stat for a in ins) and any(
+            a not in stat and cost.numel(a.meta.get("val")) == full for a in ins
+        )
+
+    facts, ops, inputs, costs = [], [], [], []
+    for n in values:
+        val = n.meta.get("val")
+        is_forward = n in forward_nodes
+        f = flags.get(n, {})
+        if op_names[n] == "getitem" and n.args[0] in flags:
+            parent = flags[n.args[0]]
+            for k in ("is_random", "is_mutating", "is_collective", "is_data_dependent",
+                      "is_matmul", "is_attention", "is_view"):
+                if parent.get(k):
+                    f = {**f, k: True}
+            if n.args[0] in stat and parent.get("reduction_ratio"):
+                f = {**f, "reduction_ratio": parent["reduction_ratio"]}
+        boundary = (
+            n.op == "call_function" and is_forward and n not in stat and not f.get("is_view")
+            and reads_stat_and_full(n)
+            and any(u in forward_nodes and u.op == "call_function" and not any(
+                a in stat for a in _tensor_inputs(u)) for u in n.users)
+        )
+        if n.op == "placeholder":
+            role = "parameter" if n in static else "input"
+        elif n.op == "get_attr":
+            role = "parameter"
+        else:
+            role = "forward" if is_forward else "backward-only"
+        nbytes = 0 if role == "parameter" else cost.nbytes(val)
+        if isinstance(val, (tuple, list)):
+            nbytes = 0  # multi-output op: its getitems carry the bytes
+        facts.append(NodeFacts(
+            name=n.name, op=op_names[n], shape=cost.shape(val), dtype=cost.dtype_name(val),
+            nbytes=nbytes, module=_module_path(n), source=_source(n), role=role))
+        ops.append(OpInfo(
+            name=n.name, op=op_names[n], module=facts[-1].module, forward=is_forward,
+            is_normalization_boundary=boundary, **f))
+        inputs.append(tuple(sorted(index[a] for a in n.all_input_nodes if a in index)))
+        costs.append(nbytes)
+
+    jg = JointGraph(values, index, facts, ops, inputs, costs, needed,
+                    {i for i, n in enumerate(values) if n in forward_nodes})
+    jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
+    return jg
+
+
+def view_root(node: fx.Node) -> fx.Node:
+    """The node whose storage a view (chain) aliases."""
+    while node.op == "call_function":
+        t = node.target
+        if t is operator.getitem and isinstance(node.args[0], fx.Node):
+            parent = node.args[0].target
+            if isinstance(parent, torch._ops.OpOverload) and _returns_alias(parent):
+                node = node.args[0].args[0]
+                continue
+            return node
+        is_view = isinstance(t, torch._ops.OpOverload) and _returns_alias(t)
+        if is_view and node.args and isinstance(node.args[0], fx.Node):
+            node = node.args[0]
+            continue
+        return node
+    return node
+
+
+def _returns_alias(t: torch._ops.OpOverload) -> bool:
+    rets = t._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def _eager_saved(jg: JointGraph, values: list[fx.Node], backward: set[fx.Node], bwd_outs: list) -> list[int]:
+    """Values eager autograd keeps for this graph: forward values (and inputs) read by the
+    backward formulas, each view counted as its base's storage. Computed on the graph before
+    common-subexpression elimination, where each backward formula reads what it saved."""
+    readers = [n for n in values if jg.index[n] not in jg.forward] + list(backward)
+    direct: set[fx.Node] = set()
+    for n in readers:
+        for a in n.all_input_nodes:
+            if a in jg.index and jg.index[a] in jg.forward or (a in jg.index and a.op == "placeholder"):
+                direct.add(a)
+    direct.update(a for a in bwd_outs if isinstance(a, fx.Node) and a in jg.index
+                  and (jg.index[a] in jg.forward or a.op == "placeholder"))
+    roots = {view_root(a) for a in direct}
+    return sorted(jg.index[r] for r in roots if r in jg.index and jg.cost[jg.index[r]] > 0)

@@ -1,0 +1,209 @@
+"""Split a joint forward+backward graph into a forward and a backward module per a plan.
+
+``make_partition_fn(options, sink)`` returns the function AOTAutograd calls with the joint
+graph. It runs CSE, lowers the graph (``graph.analyze``), applies the policy, solves the
+min-cut (``solver.solve``), splits the graph, places each recomputed op just before its
+first use in the backward, and hands the resulting ``Plan`` to ``sink``.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import compat
+from .errors import PlanningError, RematError
+from .graph import JointGraph, analyze
+from .options import Options
+from .plan import Plan, SavedTensor
+from .policy import Decision, decide
+from .solver import ConflictError, solve
+
+__all__ = ["make_partition_fn", "plan_joint_graph", "cse"]
+
+log = logging.getLogger("remat")
+
+
+def _hashable(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(a) for a in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in x.items()))
+    if isinstance(x, slice):
+        return ("slice", x.start, x.stop, x.step)
+    return x
+
+
+def _impure(node: fx.Node) -> bool:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return (t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags
+                or t.namespace in ("_c10d_functional", "c10d_functional", "c10d"))
+    return t is not operator.getitem
+
+
+def cse(gm: fx.GraphModule) -> int:
+    """Merge identical pure ops (same target and arguments) in place; returns merges done.
+    The backward's re-derivations of forward values (a layer norm's normalised input, say)
+    become reads of the forward value, which the cut can then save or recompute once."""
+    seen: dict[Any, fx.Node] = {}
+    merged = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or _impure(n):
+            continue
+        key = (n.target, _hashable(n.args), _hashable(n.kwargs))
+        try:
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            n.replace_all_uses_with(seen[key])
+            gm.graph.erase_node(n)
+            merged += 1
+        else:
+            seen[key] = n
+    gm.recompile()
+    return merged
+
+
+def _decisions(jg: JointGraph, options: Options) -> tuple[dict[int, str], dict[int, str], dict[int, str]]:
+    """(no_recompute, no_save, reasons) per value index."""
+    no_recompute: dict[int, str] = {}
+    no_save: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    used: set[str] = set()
+    for i, (node, op, facts) in enumerate(zip(jg.nodes, jg.ops, jg.facts)):
+        if facts.role in ("input", "parameter"):
+            no_recompute[i] = "parameter" if facts.role == "parameter" else "graph input"
+            reasons[i] = no_recompute[i]
+            continue
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            no_save[i] = "multi-output op (its outputs are saved one by one)"
+        decision, reason = decide(op, options.policy, used)
+        if decision is Decision.MUST_SAVE:
+            no_recompute[i] = reason
+        elif decision is Decision.MUST_RECOMPUTE:
+            no_save.setdefault(i, reason)
+        if reason:
+            reasons[i] = reason
+    for rule in options.policy:
+        if rule.name not in used:
+            warnings.warn(f"remat: policy rule `{rule.name}` matched no op in this graph; "
+                          "check its ops=/modules= patterns.", stacklevel=2)
+    return no_recompute, no_save, reasons
+
+
+def plan_joint_graph(
+    gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options
+) -> tuple[JointGraph, list[int], Plan]:
+    """Analyse and solve one joint graph (CSE is applied to ``gm`` in place)."""
+    gm.graph.eliminate_dead_code()
+    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices)
+    eager_saved_bytes = sum(eager_graph.cost[i] for i in eager_graph.eager_saved)
+    cse(gm)
+    jg = analyze(gm, num_fwd_outputs, static_input_indices)
+    no_recompute, no_save, reasons = _decisions(jg, options)
+    try:
+        sol = solve(jg.problem(no_recompute, no_save))
+    except ConflictError as e:
+        steps = "; ".join(f"{jg.facts[v].name} ({jg.facts[v].op or 'input'}, "
+                          f"module '{jg.facts[v].module}') {why}" for v, why in e.chain)
+        raise PlanningError(
+            "remat: no valid plan: a value the backward needs can be neither saved nor "
+            f"recomputed: {steps}. Remove or narrow the rule that forbids saving it."
+        ) from None
+    saved = []
+    for i in sol.saved:
+        f = jg.facts[i]
+        if i in no_recompute:
+            reason = reasons[i]
+        else:
+            reason = "min-cut boundary"
+        op = f.op or f.role
+        saved.append(SavedTensor(f.name, op, f.shape, f.dtype, jg.cost[i], reason, f.source, f.module))
+    recomputed = [i for i in sol.recomputed if i in jg.forward and jg.nodes[i].op == "call_function"]
+    plan = Plan(
+        saved=tuple(saved),
+        recomputed=tuple(jg.facts[i].name for i in recomputed),
+        recomputed_ops=tuple(jg.facts[i].op for i in recomputed),
+        eager_saved_bytes=eager_saved_bytes,
+    )
+    return jg, list(sol.saved), plan
+
+
+def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
+    """Move each recomputed op to just before its first use (fx frees values after their
+    last use), so recomputed tensors live only as long as the backward needs them."""
+    nodes = list(bw.graph.nodes)
+    emitted: set[fx.Node] = set()
+    order: list[fx.Node] = []
+
+    def emit(n: fx.Node) -> None:
+        stack = [(n, False)]
+        while stack:
+            x, ready = stack.pop()
+            if x in emitted:
+                continue
+            if ready:
+                emitted.add(x)
+                order.append(x)
+                continue
+            stack.append((x, True))
+            for a in reversed(x.all_input_nodes):
+                if a not in emitted and a.name in recomputed and a.op == "call_function":
+                    stack.append((a, False))
+
+    for n in nodes:
+        if n.op == "placeholder":
+            emitted.add(n)
+        elif n.op != "output" and not (n.name in recomputed and n.op == "call_function"):
+            emit(n)
+    output = bw.graph.find_nodes(op="output")[0]
+    for n in nodes:  # recomputed ops nobody reads (should not happen) keep their place
+        if n not in emitted and n.op not in ("placeholder", "output"):
+            emit(n)
+    for n in order:
+        output.prepend(n)
+    bw.graph.lint()
+    bw.recompile()
+
+
+def make_partition_fn(options: Options, sink: Callable[[Plan], None]) -> Callable[..., Any]:
+    """The partition function for AOTAutograd (and Inductor's partitioner hook)."""
+
+    def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                  static_lifetime_input_indices: list[int] | None = None, **_: Any):
+        static = list(static_lifetime_input_indices or [])
+        try:
+            jg, saved_ids, plan = plan_joint_graph(joint, num_fwd_outputs, static, options)
+            values = [jg.nodes[i] for i in saved_ids]
+            saved_sym = [n for n in values if compat.is_sym(n.meta.get("val"))]
+            saved_tensors = [n for n in values if not compat.is_sym(n.meta.get("val"))]
+            static_nodes = {jg.nodes[i] for i, f in enumerate(jg.facts) if f.role == "parameter"
+                            and jg.nodes[i].op == "placeholder"}
+            fw, bw = compat.extract_fwd_bwd(joint, saved_tensors, saved_sym, num_fwd_outputs,
+                                            compat.ordered_set(n for n in joint.graph.nodes
+                                                               if n in static_nodes))
+            place_recompute(bw, set(plan.recomputed))
+        except RematError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any unexpected failure falls back
+            if options.strict:
+                raise RematError(f"remat: planning failed ({type(e).__name__}: {e}). "
+                                 "strict=True forbids the fallback; please report this graph.") from e
+            warnings.warn(f"remat: planning failed ({type(e).__name__}: {e}); this graph saves "
+                          "what autograd would save instead. Pass strict=True to raise.", stacklevel=2)
+            fw, bw = compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                              static_lifetime_input_indices=static)
+            plan = Plan(saved=(), recomputed=(), fallback=f"{type(e).__name__}: {e}")
+        log.info("%s", plan)
+        sink(plan)
+        return fw, bw
+
+    return partition

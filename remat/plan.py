@@ -1,0 +1,106 @@
+"""Plan and SavedTensor: what one joint graph saves for the backward and what it recomputes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["SavedTensor", "Plan", "format_bytes"]
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor:
+    """One value kept alive from the forward to the backward."""
+
+    name: str
+    """fx node name in the joint graph."""
+    op: str
+    """The op that produced it (``aten.mm.default``) or ``input``/``parameter``."""
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    """Bytes this save keeps alive (0 for parameters and buffers, which live anyway)."""
+    reason: str
+    """Why it is saved: ``min-cut boundary`` or the rule that forbids recomputing it."""
+    source: str = ""
+    """``file:line`` of the user code that produced it, when known."""
+    module: str = ""
+    """Module path in the user's model, when known."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decision for one captured graph (or several, combined; see ``Plan.combine``)."""
+
+    saved: tuple[SavedTensor, ...]
+    recomputed: tuple[str, ...]
+    """Names of forward ops the backward computes again."""
+    recomputed_ops: tuple[str, ...] = ()
+    """The op of each entry of ``recomputed`` (same order)."""
+    eager_saved_bytes: int = 0
+    """What eager autograd keeps for the same graph (parameters excluded)."""
+    graphs: int = 1
+    fallback: str | None = None
+    """Set when planning failed and the graph saves what autograd would save instead."""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes kept alive for the backward by this plan (parameters excluded)."""
+        return sum(s.nbytes for s in self.saved)
+
+    def recompute_counts(self) -> dict[str, int]:
+        """Recomputed ops counted by op overload, e.g. ``{"aten.mul.Tensor": 4}``."""
+        return dict(sorted(Counter(self.recomputed_ops).items()))
+
+    @classmethod
+    def combine(cls, plans: list[Plan]) -> Plan:
+        """One plan for several graphs (graph breaks): names get a ``g<k>.`` prefix."""
+        if len(plans) == 1:
+            return plans[0]
+        saved, rec, ops, notes = [], [], [], []
+        for k, p in enumerate(plans):
+            saved += [SavedTensor(f"g{k}.{s.name}", s.op, s.shape, s.dtype, s.nbytes, s.reason,
+                                  s.source, s.module) for s in p.saved]
+            rec += [f"g{k}.{r}" for r in p.recomputed]
+            ops += list(p.recomputed_ops)
+            notes += [f"g{k}: {n}" for n in p.notes]
+            if p.fallback:
+                notes.append(f"g{k}: fell back: {p.fallback}")
+        return cls(tuple(saved), tuple(rec), tuple(ops), sum(p.eager_saved_bytes for p in plans),
+                   graphs=sum(p.graphs for p in plans), notes=tuple(notes))
+
+    def __str__(self) -> str:
+        head = [
+            f"remat plan: {len(self.saved)} saved tensors, {format_bytes(self.saved_bytes)} "
+            f"kept for the backward (eager autograd keeps {format_bytes(self.eager_saved_bytes)}); "
+            f"{len(self.recomputed)} ops recomputed in the backward"
+            + (f"; {self.graphs} graphs" if self.graphs > 1 else "")
+        ]
+        if self.fallback:
+            head.append(f"FALLBACK (saves what autograd saves): {self.fallback}")
+        cols = ("name", "op", "shape", "dtype", "bytes", "reason", "source")
+        free = [s for s in self.saved if s.op == "parameter"]
+        rows = [
+            (s.name, s.op, "x".join(map(str, s.shape)) or "-", s.dtype, format_bytes(s.nbytes),
+             s.reason, s.source or "-")
+            for s in self.saved if s.op != "parameter"
+        ]
+        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+        lines = head + ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        if free:
+            lines.append(f"(+ {len(free)} parameters/buffers saved at no cost: they live anyway)")
+        counts = self.recompute_counts()
+        if counts:
+            lines.append("recomputed: " + ", ".join(f"{op} x{c}" for op, c in counts.items()))
+        lines += list(self.notes)
+        return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Which ops may be recomputed: the Decision enum, built-in rules, and user rules.
+
+A rule is a small named predicate over an :class:`OpInfo` (a torch-free description of one op
+of the joint graph) with a :class:`Decision`. Built-in rules encode what is unsafe or
+unprofitable to recompute; user rules (``remat.save(...)``, ``remat.recompute(...)``, or any
+callable ``OpInfo -> Decision | None``) override the profitable ones. Unsafe ops (random,
+side effects, collectives, data-dependent) are never recomputed, whatever a user rule says.
+
+See Note [Normalization boundary] for the one rule that is about where recompute stops.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .errors import PolicyError
+
+__all__ = [
+    "Decision",
+    "MUST_SAVE",
+    "MUST_RECOMPUTE",
+    "OpInfo",
+    "Rule",
+    "save",
+    "recompute",
+    "BUILTIN_RULES",
+    "Policy",
+    "normalize_policy",
+    "decide",
+]
+
+
+class Decision(enum.Enum):
+    MUST_SAVE = "must_save"
+    """Never recompute this op in the backward; save its output if the backward needs it."""
+    MUST_RECOMPUTE = "must_recompute"
+    """Never save this op's output; recompute it in the backward if needed."""
+
+
+MUST_SAVE = Decision.MUST_SAVE
+MUST_RECOMPUTE = Decision.MUST_RECOMPUTE
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """What a rule sees of one op of the joint graph (no torch objects)."""
+
+    name: str
+    """The fx node name, e.g. ``"mm_3"``."""
+    op: str
+    """Overload name, e.g. ``"aten.mm.default"``; ``""`` for graph inputs."""
+    module: str
+    """Module path of the op in the user's model, e.g. ``"layers.0.mlp.fc1"``; ``""`` if unknown."""
+    forward: bool
+    """True if the forward computes this op (it is an ancestor of a forward output)."""
+    is_view: bool = False
+    is_random: bool = False
+    is_mutating: bool = False
+    is_collective: bool = False
+    is_data_dependent: bool = False
+    is_matmul: bool = False
+    is_attention: bool = False
+    reduction_ratio: float = 0.0
+    """Input elements per output element for reductions; 0 for other ops."""
+    is_normalization_boundary: bool = False
+
+    @property
+    def packet(self) -> str:
+        """``"aten.mm"`` for ``"aten.mm.default"``."""
+        parts = self.op.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
+
+    @property
+    def unsafe_to_recompute(self) -> str | None:
+        """The reason recomputing this op would change results or side effects, if any."""
+        if self.is_random:
+            return "random op"
+        if self.is_mutating:
+            return "side effect"
+        if self.is_collective:
+            return "collective"
+        if self.is_data_dependent:
+            return "data-dependent"
+        return None
+
+
+Predicate = Callable[[OpInfo], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A named rule. With ``predicate``, the predicate returns a Decision or None; otherwise
+    the rule applies ``decision`` to ops matching any of ``ops`` (fnmatch patterns over the
+    overload name ``aten.mm.default`` or packet ``aten.mm``) and any of ``modules`` (fnmatch
+    patterns over the module path). An empty ``ops`` or ``modules`` matches everything."""
+
+    name: str
+    decision: Decision | None = None
+    ops: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    predicate: Predicate | None = None
+    description: str = ""
+
+    def apply(self, op: OpInfo) -> Decision | None:
+        if self.predicate is not None:
+            out = self.predicate(op)
+            if out is None or isinstance(out, Decision):
+                return out
+            raise PolicyError(
+                f"remat: policy rule `{self.name}` returned {out!r} ({type(out).__name__}) for op "
+                f"{op.name} ({op.op}); expected remat.MUST_SAVE, remat.MUST_RECOMPUTE or None. "
+                "Fix the rule's return value."
+            )
+        if self.ops and not any(
+            fnmatch.fnmatchcase(op.op, p) or fnmatch.fnmatchcase(op.packet, p) for p in self.ops
+        ):
+            return None
+        if self.modules and not any(fnmatch.fnmatchcase(op.module, p) for p in self.modules):
+            return None
+        return self.decision
+
+
+def _rule(decision: Decision, ops, modules, name: str | None) -> Rule:
+    ops = (ops,) if isinstance(ops, str) else tuple(ops)
+    modules = (modules,) if isinstance(modules, str) else tuple(modules)
+    for p in (*ops, *modules):
+        if not isinstance(p, str):
+            raise PolicyError(f"remat: op and module patterns must be strings, got {p!r}.")
+    if not ops and not modules:
+        raise PolicyError(
+            "remat: a rule needs ops=... or modules=... patterns, got neither. "
+            "Example: remat.save(ops='aten.gelu') or remat.recompute(modules='layers.*.mlp')."
+        )
+    if name is None:
+        name = f"{decision.value}(" + ", ".join(ops + modules) + ")"
+    return Rule(name=name, decision=decision, ops=ops, modules=modules)
+
+
+def save(*, ops: str | Sequence[str] = (), modules: str | Sequence[str] = (), name: str | None = None) -> Rule:
+    """A rule that saves (never recomputes) matching ops, e.g. ``save(ops="aten.gelu")``."""
+    return _rule(Decision.MUST_SAVE, ops, modules, name)
+
+
+def recompute(
+    *, ops: str | Sequence[str] = (), modules: str | Sequence[str] = (), name: str | None = None
+) -> Rule:
+    """A rule that recomputes (never saves) matching ops, e.g. ``recompute(modules="layers.*.mlp.*")``."""
+    return _rule(Decision.MUST_RECOMPUTE, ops, modules, name)
+
+
+# Note [Normalization boundary]
+# A min-cut that only counts bytes will recompute a whole deep network from its input: after
+# every layer norm's statistics are saved (they are tiny), layer k's input is a pointwise
+# function of layer 0's input, so saving one tensor "suffices". The backward would then hold
+# every recomputed layer from the start of the backward until that layer's gradient, which
+# saves nothing at peak and recomputes the deepest layers many times under fusion. The rule
+# below stops recompute at each op that applies a statistic (a reduction's output) to a full
+# tensor and then feeds more forward ops: the last step of a layer/RMS norm or a softmax. Every
+# recompute chain then stays within one layer; the cut still decides which tensor of the layer
+# to keep. A normalisation that feeds nothing but the graph output is free to recompute.
+
+
+def _builtin(name: str, decision: Decision, predicate: Predicate, description: str) -> Rule:
+    return Rule(name=name, decision=decision, predicate=lambda op: decision if predicate(op) else None,
+                description=description)
+
+
+BUILTIN_RULES: tuple[Rule, ...] = (
+    _builtin("view", MUST_RECOMPUTE, lambda op: op.is_view,
+             "a view keeps its base's storage alive; recomputing it from the base is free"),
+    _builtin("random op", MUST_SAVE, lambda op: op.forward and op.is_random,
+             "recomputing would draw fresh random numbers and give wrong gradients"),
+    _builtin("side effect", MUST_SAVE, lambda op: op.forward and op.is_mutating,
+             "mutations and side effects must happen exactly once"),
+    _builtin("collective", MUST_SAVE, lambda op: op.forward and op.is_collective,
+             "collectives are never recomputed (communication, and every rank must agree)"),
+    _builtin("data-dependent", MUST_SAVE, lambda op: op.forward and op.is_data_dependent,
+             "outputs that depend on data values (indices, sizes) are saved"),
+    _builtin("matmul", MUST_SAVE, lambda op: op.forward and op.is_matmul,
+             "matmuls and convolutions are compute-bound: recomputing costs real time"),
+    _builtin("attention", MUST_SAVE, lambda op: op.forward and op.is_attention,
+             "attention kernels are compute-bound: recomputing costs real time"),
+    _builtin("reduction", MUST_SAVE, lambda op: op.forward and op.reduction_ratio >= 4,
+             "a reduction's output is small and it cannot be fused into its consumers"),
+    _builtin("normalization boundary", MUST_SAVE,
+             lambda op: op.forward and op.is_normalization_boundary,
+             "keeps recompute within one layer (see Note [Normalization boundary])"),
+)
+
+UNSAFE_RULES = frozenset({"random op", "side effect", "collective", "data-dependent"})
+
+Policy = tuple[Rule, ...]
+
+
+def normalize_policy(policy: object) -> Policy:
+    """``None``, a Rule, a callable ``OpInfo -> Decision | None``, or a list of those."""
+    if policy is None:
+        return ()
+    if isinstance(policy, tuple) and all(isinstance(r, Rule) for r in policy):
+        return policy
+    items = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+    out = []
+    for item in items:
+        if isinstance(item, Rule):
+            out.append(item)
+        elif callable(item) and not isinstance(item, (str, bytes)):
+            out.append(Rule(name=getattr(item, "__name__", repr(item)), predicate=item))
+        else:
+            raise PolicyError(
+                f"remat: policy must be None, a rule (remat.save/remat.recompute), a callable "
+                f"taking remat.OpInfo and returning a remat.Decision or None, or a list of those; "
+                f"got {item!r} ({type(item).__name__})."
+            )
+    return tuple(out)
+
+
+def decide(op: OpInfo, policy: Policy, used: set[str]) -> tuple[Decision | None, str]:
+    """The decision for one op and its reason (a rule name). Adds matching user rule names to
+    ``used`` (rules that match nothing get a warning from the caller)."""
+    hits = [(r, d) for r in policy if (d := r.apply(op)) is not None]
+    for r, _ in hits:
+        used.add(r.name)
+    decisions = {d for _, d in hits}
+    if len(decisions) > 1:
+        a = next(r for r, d in hits if d is Decision.MUST_SAVE)
+        b = next(r for r, d in hits if d is Decision.MUST_RECOMPUTE)
+        raise PolicyError(
+            f"remat: contradictory policy rules for op {op.name} ({op.op}, module "
+            f"'{op.module}'): `{a.name}` says must_save, `{b.name}` says must_recompute. "
+            "Narrow one rule's ops= or modules= patterns so they do not overlap."
+        )
+    if hits:
+        rule, decision = hits[0]
+        unsafe = op.unsafe_to_recompute if op.forward else None
+        if decision is Decision.MUST_RECOMPUTE and unsafe is not None:
+            raise PolicyError(
+                f"remat: policy rule `{rule.name}` asks to recompute op {op.name} ({op.op}), "
+                f"which is a {unsafe}; recomputing it would give wrong results. "
+                "Exclude this op from the rule's patterns."
+            )
+        return decision, f"user rule `{rule.name}`"
+    for r in BUILTIN_RULES:
+        d = r.apply(op)
+        if d is not None:
+            return d, r.name
+    return None, ""

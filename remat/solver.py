@@ -1,0 +1,194 @@
+"""Minimum-byte cut between the forward and the backward. Pure Python: no torch import.
+
+Construction (see Note [Node-split flow network]):
+
+Every value ``v`` of the forward-computable part of the joint graph becomes two vertices
+``2v`` ("v_in") and ``2v+1`` ("v_out") joined by an edge whose capacity is the cost of saving
+``v`` (its storage bytes). Data edges ``u -> w`` become infinite edges ``u_out -> w_in``.
+Values the backward reads get an infinite edge ``v_out -> sink``; values that cannot be
+recomputed in the backward (graph inputs, rules such as "matmul") get ``source -> v_in``.
+Values that must not be saved get an infinite ``v_in -> v_out``.
+
+In a finite cut, a value whose ``v_in`` lies on the source side and ``v_out`` on the sink side
+is *saved*; a value whose ``v_in`` lies on the sink side is *recomputed* in the backward from
+saved values. The infinite edges make every cut a valid plan (everything the backward needs is
+either saved or recomputable from saved values) and every valid plan a cut of the same value,
+so the minimum cut is the cheapest valid plan.
+
+Ties between plans of equal bytes are broken deterministically: capacities are scaled by a
+factor ``M`` larger than the sum of all tie-break terms, and each value adds a tie term that
+prefers fewer saved values, then values later in graph order (fewer ops to recompute).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+__all__ = ["Problem", "Solution", "ConflictError", "solve", "brute_force"]
+
+SOURCE = "source"
+SINK = "sink"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A save-or-recompute problem over values ``0..n-1`` numbered in graph (topological) order.
+
+    Fields:
+      inputs: ``inputs[v]`` are the values ``v`` is computed from.
+      cost: bytes kept alive if ``v`` is saved for the backward.
+      needed: values the backward reads directly.
+      no_recompute: values that cannot be recomputed in the backward (they must be saved if
+        needed); ``no_recompute[v]`` maps to the reason (a rule name) for error messages.
+      no_save: values that must not be saved (they must be recomputed if needed), with reasons.
+      names: a display name per value, for error messages.
+    """
+
+    inputs: tuple[tuple[int, ...], ...]
+    cost: tuple[int, ...]
+    needed: frozenset[int]
+    no_recompute: dict[int, str] = field(default_factory=dict)
+    no_save: dict[int, str] = field(default_factory=dict)
+    names: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.inputs)
+
+    def name(self, v: int) -> str:
+        return self.names[v] if self.names else f"v{v}"
+
+
+@dataclass(frozen=True)
+class Solution:
+    """``saved``: values kept for the backward; ``recomputed``: values the backward computes
+    again (ancestors of needed values through unsaved values); ``cost``: bytes of ``saved``."""
+
+    saved: tuple[int, ...]
+    recomputed: tuple[int, ...]
+    cost: int
+
+
+class ConflictError(Exception):
+    """No finite plan exists. ``chain`` lists ``(value, reason)`` from a value that can be
+    neither recomputed nor saved to a value the backward needs."""
+
+    def __init__(self, chain: list[tuple[int, str]]):
+        self.chain = chain
+        super().__init__(chain)
+
+
+def _tie_terms(p: Problem) -> tuple[list[int], int]:
+    n = p.n
+    ties = [(n + 1) + (n - 1 - v) for v in range(n)]
+    scale = sum(ties) + 1
+    return ties, scale
+
+
+def _build(p: Problem) -> nx.DiGraph:
+    ties, scale = _tie_terms(p)
+    g = nx.DiGraph()
+    g.add_node(SOURCE)
+    g.add_node(SINK)
+    for v in range(p.n):
+        if v in p.no_save:
+            g.add_edge(2 * v, 2 * v + 1)  # no capacity attribute: infinite
+        else:
+            g.add_edge(2 * v, 2 * v + 1, capacity=p.cost[v] * scale + ties[v])
+        if v in p.no_recompute:
+            g.add_edge(SOURCE, 2 * v)
+        for u in p.inputs[v]:
+            g.add_edge(2 * u + 1, 2 * v)
+        if v in p.needed:
+            g.add_edge(2 * v + 1, SINK)
+    return g
+
+
+def _find_conflict(p: Problem, g: nx.DiGraph) -> list[tuple[int, str]] | None:
+    """An all-infinite path source -> sink, as a chain of values, or None."""
+    parent: dict[object, object] = {SOURCE: None}
+    queue: deque[object] = deque([SOURCE])
+    while queue:
+        x = queue.popleft()
+        if x == SINK:
+            break
+        for y, attrs in g[x].items():
+            if "capacity" in attrs or y in parent:
+                continue
+            parent[y] = x
+            queue.append(y)
+    if SINK not in parent:
+        return None
+    values: list[int] = []
+    x = parent[SINK]
+    while x is not None and x != SOURCE:
+        v = x // 2  # type: ignore[operator]
+        if not values or values[-1] != v:
+            values.append(v)
+        x = parent[x]
+    values.reverse()
+    chain = []
+    for i, v in enumerate(values):
+        if i == 0:
+            reason = f"cannot be recomputed ({p.no_recompute.get(v, 'graph input')}) "
+            reason += f"and cannot be saved ({p.no_save.get(v, '?')})"
+        else:
+            reason = f"cannot be saved ({p.no_save.get(v, '?')})"
+        if v in p.needed and i == len(values) - 1:
+            reason += "; the backward needs it"
+        chain.append((v, reason))
+    return chain
+
+
+def recompute_closure(p: Problem, saved: set[int]) -> list[int] | None:
+    """Values the backward must recompute when ``saved`` is kept, or None if ``saved`` is not
+    a valid plan (some needed value is neither saved nor recomputable)."""
+    out: set[int] = set()
+    stack = [v for v in p.needed if v not in saved]
+    while stack:
+        v = stack.pop()
+        if v in out:
+            continue
+        if v in p.no_recompute:
+            return None
+        out.add(v)
+        stack.extend(u for u in p.inputs[v] if u not in saved and u not in out)
+    return sorted(out)
+
+
+def solve(p: Problem) -> Solution:
+    """The cheapest valid plan. Raises ConflictError when every plan is infinite."""
+    for v in range(p.n):
+        if any(u >= v for u in p.inputs[v]):
+            raise ValueError(f"value {v} has an input that is not earlier in graph order")
+    g = _build(p)
+    chain = _find_conflict(p, g)
+    if chain is not None:
+        raise ConflictError(chain)
+    if not p.needed:
+        return Solution((), (), 0)
+    _, (reachable, _) = nx.minimum_cut(g, SOURCE, SINK, flow_func=nx.algorithms.flow.preflow_push)
+    saved = tuple(
+        v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable
+    )
+    recomputed = recompute_closure(p, set(saved))
+    if recomputed is None:  # pragma: no cover - guarded by the construction
+        raise AssertionError("remat: internal error, min-cut produced an invalid plan; please report")
+    return Solution(saved, tuple(recomputed), sum(p.cost[v] for v in saved))
+
+
+def brute_force(p: Problem) -> int | None:
+    """Cheapest valid plan's cost by enumerating every subset of values (tests only)."""
+    best: int | None = None
+    candidates = [v for v in range(p.n) if v not in p.no_save]
+    for mask in range(1 << len(candidates)):
+        saved = {candidates[i] for i in range(len(candidates)) if mask >> i & 1}
+        if recompute_closure(p, saved) is None:
+            continue
+        c = sum(p.cost[v] for v in saved)
+        if best is None or c < best:
+            best = c
+    return best

@@ -1,0 +1,200 @@
+"""Public API: wrapping, state_dict keys, the registered backend, explain, errors."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat import workloads
+
+from .conftest import train_step
+
+
+def test_wrapped_module_shares_parameters_and_state_dict_keys():
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager")
+    assert list(rm.state_dict()) == list(model.state_dict())
+    assert all(a is b for a, b in zip(rm.parameters(), model.parameters()))
+    opt = torch.optim.SGD(rm.parameters(), lr=0.1)
+    before = model[0].fc1.weight.detach().clone()
+    workloads.loss(rm(x)).backward()
+    opt.step()
+    assert not torch.equal(before, model[0].fc1.weight)  # the optimizer updated shared params
+
+
+def test_function_is_wrapped_as_function():
+    def f(x, w):
+        return torch.tanh(x @ w).sigmoid()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+    g = remat.checkpoint(f, backend="eager")
+    out = g(x, w)
+    out.sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    f(x, w).sum().backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+    assert len(remat.compiled_plans(g)) == 1
+
+
+def test_registered_backend_name():
+    model, x = workloads.build("pointwise")
+    ref = train_step(copy.deepcopy(model), x)
+    got = train_step(torch.compile(copy.deepcopy(model), backend="remat"), x)
+    torch.testing.assert_close(got[0], ref[0], atol=2e-5, rtol=2e-4)
+    for k in ref[2]:
+        torch.testing.assert_close(got[2][k.removeprefix("_orig_mod.")] if k in got[2] else
+                                   got[2]["_orig_mod." + k], ref[2][k], atol=2e-5, rtol=2e-4)
+
+
+def test_entry_point_declared():
+    from importlib.metadata import entry_points
+
+    names = {ep.name: ep.value for ep in entry_points(group="torch_dynamo_backends")}
+    assert names.get("remat") == "remat.capture:remat_backend"
+
+
+def test_explain_matches_compiled_plan():
+    model, x = workloads.build("gpt")
+    rm = remat.checkpoint(model, backend="eager")
+    explained = remat.explain(rm, x)
+    torch._dynamo.reset()
+    workloads.loss(rm(x)).backward()
+    assert remat.compiled_plans(rm) == [explained]
+    assert remat.explain(model, x) == explained  # the unwrapped model, default options
+
+
+def test_no_plan_without_grad_or_in_eval():
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager")
+    with torch.no_grad():
+        rm(x)
+    rm.eval()
+    rm(x.detach())
+    assert remat.compiled_plans(rm) == []
+    with pytest.raises(remat.RematError, match="^remat: explain found no training graph"):
+        with torch.no_grad():
+            remat.explain(lambda a: a * 2, torch.randn(3))
+
+
+def test_train_eval_toggle():
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager")
+    rm.eval()
+    assert not model[0].training  # submodules are shared
+    rm.train()
+    workloads.loss(rm(x)).backward()
+    assert len(remat.compiled_plans(rm)) == 1
+
+
+def test_plan_table_mentions_every_saved_tensor():
+    model, x = workloads.build("mlp")
+    plan = remat.explain(model, x)
+    text = str(plan)
+    assert text.startswith("remat plan:")
+    for s in plan.saved:
+        if s.op != "parameter":
+            assert s.name in text
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+def test_error_not_a_module_or_callable():
+    with pytest.raises(remat.RematError, match=r"^remat: checkpoint expects an nn.Module or a callable, got int"):
+        remat.checkpoint(3)
+
+
+def test_error_unknown_backend():
+    with pytest.raises(remat.RematError, match=r"^remat: backend must be one of .*got 'cuda'.*backend='eager'"):
+        remat.checkpoint(nn.Linear(2, 2), backend="cuda")
+
+
+def test_error_policy_wrong_type():
+    with pytest.raises(remat.PolicyError, match=r"^remat: policy must be None, a rule"):
+        remat.checkpoint(nn.Linear(2, 2), policy=42)
+
+
+def test_error_policy_returns_wrong_type():
+    model, x = workloads.build("mlp")
+    with pytest.raises(remat.PolicyError, match=r"^remat: policy rule `bad` returned 'yes'.*expected remat.MUST_SAVE"):
+        def bad(op):
+            return "yes"
+
+        remat.explain(remat.checkpoint(model, backend="eager", policy=bad), x)
+
+
+def test_error_contradictory_rules():
+    model, x = workloads.build("mlp")
+    rules = [remat.save(ops="aten.erf", name="keep-erf"), remat.recompute(modules="*", name="all")]
+    with pytest.raises(remat.PolicyError, match=r"^remat: contradictory policy rules .*`keep-erf`.*`all`.*Narrow"):
+        remat.explain(remat.checkpoint(model, backend="eager", policy=rules), x)
+
+
+def test_error_recompute_random_op():
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5).tanh()
+
+    rule = remat.recompute(ops=("aten.native_dropout", "aten.rand*", "aten.bernoulli"))
+    g = remat.checkpoint(f, backend="eager", policy=rule)
+    with pytest.raises(remat.PolicyError, match=r"^remat: .*random op; recomputing it would give wrong results"):
+        remat.explain(g, torch.randn(4, 4, requires_grad=True))
+
+
+def test_error_conflict_names_nodes_and_rules():
+    model, x = workloads.build("mlp")
+    # The layer norm statistics are outputs of var_mean, a reduction (never recomputed) with two
+    # outputs (never saved whole); forbidding to save its outputs and everything computed from
+    # them leaves no valid plan.
+    policy = remat.recompute(ops=("getitem", "aten.add", "aten.sub", "aten.mul", "aten.rsqrt", "aten.div"),
+                             modules="*.ln", name="no-getitem")
+    with pytest.raises(remat.PlanningError, match=r"^remat: no valid plan: .*var_mean .*cannot be recomputed "
+                       r"\(reduction\).*getitem.*user rule `no-getitem`.*Remove or narrow"):
+        remat.explain(remat.checkpoint(model, backend="eager", policy=policy), x)
+
+
+def test_user_rule_forces_recompute_and_save():
+    model, x = workloads.build("mlp")
+    base = remat.explain(model, x)
+    forced = remat.explain(remat.checkpoint(model, backend="eager",
+                                            policy=remat.save(ops="aten.erf")), x)
+    assert "aten.erf.default" not in forced.recompute_counts()
+    # The erf is kept (or a value computed from it): one more hidden-size tensor per block.
+    assert forced.saved_bytes > base.saved_bytes
+
+
+def test_rule_matching_nothing_warns():
+    model, x = workloads.build("mlp")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        remat.explain(remat.checkpoint(model, backend="eager", policy=remat.save(ops="aten.nothing_like_this")), x)
+    assert any("matched no op" in str(m.message) and str(m.message).startswith("remat:") for m in w)
+
+
+def test_fallback_warns_and_strict_raises(monkeypatch):
+    from remat import partition
+
+    def boom(*a, **k):
+        raise ValueError("synthetic failure")
+
+    monkeypatch.setattr(partition, "solve", boom)
+    model, x = workloads.build("mlp")
+    with pytest.warns(UserWarning, match="^remat: planning failed"):
+        rm = assert_trains(remat.checkpoint(copy.deepcopy(model), backend="eager"), model, x)
+    assert remat.compiled_plans(rm)[0].fallback.startswith("ValueError")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="strict=True"):
+        remat.checkpoint(copy.deepcopy(model), backend="eager", strict=True)(x)
+
+
+def assert_trains(rm, model, x):
+    ref = train_step(copy.deepcopy(model), x)
+    got = train_step(rm, x)
+    torch.testing.assert_close(got[0], ref[0])
+    for k in ref[2]:
+        torch.testing.assert_close(got[2][k], ref[2][k])
+    return rm
