@@ -262,13 +262,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
             if ins and all(a in stat for a in ins) and not f.get("is_view"):
                 stat.add(n)
 
-    def reads_stat_and_full(n: fx.Node) -> bool:
-        ins = _tensor_inputs(n)
-        full = cost.numel(n.meta.get("val"))
-        return any(a in stat for a in ins) and any(
-            a not in stat and cost.numel(a.meta.get("val")) == full for a in ins
-        )
-
+    boundaries = _normalization_boundaries(values, stat, forward_nodes, flags)
     facts, ops, inputs, costs = [], [], [], []
     for n in values:
         val = n.meta.get("val")
@@ -282,12 +276,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
                     f = {**f, k: True}
             if n.args[0] in stat and parent.get("reduction_ratio"):
                 f = {**f, "reduction_ratio": parent["reduction_ratio"]}
-        boundary = (
-            n.op == "call_function" and is_forward and n not in stat and not f.get("is_view")
-            and reads_stat_and_full(n)
-            and any(u in forward_nodes and u.op == "call_function" and not any(
-                a in stat for a in _tensor_inputs(u)) for u in n.users)
-        )
+        boundary = n in boundaries
         if n.op == "placeholder":
             role = "parameter" if n in static else "input"
         elif n.op == "get_attr":
@@ -310,6 +299,63 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
                     {i for i, n in enumerate(values) if n in forward_nodes})
     jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
     return jg
+
+
+_STOPS = ("is_matmul", "is_attention", "is_random", "is_mutating", "is_collective", "is_data_dependent")
+
+
+def _reaches_reduction_pointwise(start: fx.Node, forward_nodes: set[fx.Node], flags: dict[fx.Node, dict]) -> bool:
+    """True if a path of forward ops that the cut may recompute for free (no matmul, attention,
+    random or data-dependent op) leads from ``start`` to another reduction: only then can
+    recompute chain from one normalisation into the next layer without saving anything."""
+    seen: set[fx.Node] = set()
+    stack = [u for u in start.users if u in forward_nodes]
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op != "call_function":
+            continue
+        seen.add(n)
+        f = flags.get(n, {})
+        if any(f.get(k) for k in _STOPS):
+            continue
+        if f.get("reduction_ratio", 0) >= 4:
+            return True
+        stack.extend(u for u in n.users if u in forward_nodes)
+    return False
+
+
+CAST_OPS = frozenset({"prims.convert_element_type.default", "aten._to_copy.default"})
+
+
+def _normalization_boundaries(values: list[fx.Node], stat: set[fx.Node], forward_nodes: set[fx.Node],
+                              flags: dict[fx.Node, dict]) -> set[fx.Node]:
+    """Ops that apply a statistic to a full tensor and feed, through ops free to recompute, the
+    next reduction (see Note [Normalization boundary]). When such an op's only forward user is a cast to a narrower
+    dtype (a bf16 layer norm computes in fp32 and casts back), the cast is the boundary: the
+    narrower side is the one worth keeping."""
+    out: set[fx.Node] = set()
+    for n in values:
+        if n.op != "call_function" or n not in forward_nodes or n in stat or flags[n].get("is_view"):
+            continue
+        ins = _tensor_inputs(n)
+        full = cost.numel(n.meta.get("val"))
+        if not (any(a in stat for a in ins)
+                and any(a not in stat and cost.numel(a.meta.get("val")) == full for a in ins)):
+            continue
+        if not any(u in forward_nodes and u.op == "call_function"
+                   and not any(a in stat for a in _tensor_inputs(u)) for u in n.users):
+            continue
+        if not _reaches_reduction_pointwise(n, forward_nodes, flags):
+            continue
+        while True:
+            users = [u for u in n.users if u in forward_nodes]
+            if (len(users) == 1 and op_name(users[0]) in CAST_OPS
+                    and cost.nbytes(users[0].meta.get("val")) < cost.nbytes(n.meta.get("val"))):
+                n = users[0]
+            else:
+                break
+        out.add(n)
+    return out
 
 
 def view_root(node: fx.Node) -> fx.Node:

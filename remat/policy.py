@@ -152,15 +152,17 @@ def recompute(
 
 
 # Note [Normalization boundary]
-# A min-cut that only counts bytes will recompute a whole deep network from its input: after
-# every layer norm's statistics are saved (they are tiny), layer k's input is a pointwise
-# function of layer 0's input, so saving one tensor "suffices". The backward would then hold
-# every recomputed layer from the start of the backward until that layer's gradient, which
-# saves nothing at peak and recomputes the deepest layers many times under fusion. The rule
-# below stops recompute at each op that applies a statistic (a reduction's output) to a full
-# tensor and then feeds more forward ops: the last step of a layer/RMS norm or a softmax. Every
-# recompute chain then stays within one layer; the cut still decides which tensor of the layer
-# to keep. A normalisation that feeds nothing but the graph output is free to recompute.
+# A min-cut that only counts bytes will recompute a whole deep network from its input when
+# nothing but pointwise ops separate its layers: after every layer norm's statistics are saved
+# (they are tiny), layer k's input is a pointwise function of layer 0's input, so saving one
+# tensor "suffices". The backward would then hold every recomputed layer from the start of the
+# backward until that layer's gradient, which saves nothing at peak and recomputes the deepest
+# layers many times under fusion. The rule below stops recompute at each op that applies a
+# statistic (a reduction's output) to a full tensor when a path of freely recomputable ops leads
+# from it into the next reduction: the last step of a layer/RMS norm or softmax whose result
+# feeds the next normalisation directly. (Where a matmul or attention lies on every such path,
+# as in a transformer block, the matmul's saved output already bounds the chain and no boundary
+# is needed.) If the op's only user is a cast to a narrower dtype, the cast is the boundary.
 
 
 def _builtin(name: str, decision: Decision, predicate: Predicate, description: str) -> Rule:
