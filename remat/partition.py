@@ -138,8 +138,10 @@ def plan_joint_graph(
 
 
 def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
-    """Move each recomputed op to just before its first use (fx frees values after their
-    last use), so recomputed tensors live only as long as the backward needs them."""
+    """Move each op of ``recomputed`` (every op the backward computes from saved values alone:
+    recomputed forward ops and backward-only ones such as an activation's derivative) to just
+    before its first use (fx frees values after their last use), so these tensors live only as
+    long as the backward needs them."""
     nodes = list(bw.graph.nodes)
     emitted: set[fx.Node] = set()
     order: list[fx.Node] = []
@@ -190,7 +192,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan], None]) -> Callabl
             fw, bw = compat.extract_fwd_bwd(joint, saved_tensors, saved_sym, num_fwd_outputs,
                                             compat.ordered_set(n for n in joint.graph.nodes
                                                                if n in static_nodes))
-            place_recompute(bw, set(plan.recomputed))
+            place_recompute(bw, {n.name for n in jg.nodes if n.op == "call_function"})
         except RematError:
             raise
         except Exception as e:  # noqa: BLE001 - any unexpected failure falls back
