@@ -20,7 +20,7 @@ class _Planned(Exception):
 
 
 def _run_uncompiled(gm: fx.GraphModule, example_inputs: Any) -> Any:
-    return compat.make_boxed_func(gm.forward)
+    return compat.run_uncompiled(gm)
 
 
 class RematBackend:

@@ -33,6 +33,23 @@ __all__ = [
     "register_backend",
 ]
 
+def run_uncompiled(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
+    """A boxed callable that runs ``gm`` op by op and drops each input (a saved activation, say)
+    after its last use: ``torch.fx.graph._BoxedCodeGen`` (2.11, 2.13) makes the generated code
+    take the argument list and clear it."""
+    from torch.fx.graph import _BoxedCodeGen
+
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args: list[Any]) -> Any:
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
 def extract_fwd_bwd(
     joint: fx.GraphModule,
     saved_values: list[fx.Node],
@@ -113,3 +130,24 @@ def ordered_set(items: Any) -> Any:
     from torch.utils._ordered_set import OrderedSet
 
     return OrderedSet(items)
+
+
+def measure_cpu_peak_bytes(step: Any) -> int:
+    """Peak bytes of tensor storages allocated and still alive at any moment while ``step()``
+    runs on CPU, from the profiler's allocation timeline (every create and destroy, timestamped).
+    Storages that existed before are not counted. ``torch.profiler``'s ``_memory_profile()``:
+    checked on 2.13 (a measurement aid for tests and benchmarks, not used when training)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        step()
+    live = peak = 0
+    for _, action, _, size in sorted(prof._memory_profile().timeline, key=lambda e: e[0]):
+        if action == Action.CREATE:
+            live += size
+        elif action == Action.DESTROY:
+            live -= size
+        peak = max(peak, live)
+    return peak

@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 
 from . import cost
+from .peak import Schedule
 from .policy import OpInfo
 from .solver import Problem
 
@@ -146,6 +147,16 @@ class JointGraph:
     needed: set[int]
     forward: set[int]
     eager_saved: list[int] = field(default_factory=list)
+    eager_direct: list[int] = field(default_factory=list)
+    """Values eager autograd's backward formulas read directly (views not mapped to bases)."""
+    schedule: Schedule | None = None
+    sched_ids: list[int] = field(default_factory=list)
+    """Schedule node id of each value."""
+    recompute_seconds: list[float] = field(default_factory=list)
+    """Estimated time to recompute each value in a fused backward kernel (0 if not forward)."""
+
+    def to_schedule_ids(self, values: list[int] | tuple[int, ...]) -> set[int]:
+        return {self.sched_ids[i] for i in values}
 
     def problem(self, no_recompute: dict[int, str], no_save: dict[int, str]) -> Problem:
         return Problem(
@@ -298,7 +309,33 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     jg = JointGraph(values, index, facts, ops, inputs, costs, needed,
                     {i for i, n in enumerate(values) if n in forward_nodes})
     jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
+    jg.schedule, ids = _schedule(graph, backward, fwd_outs, bwd_outs, set(primals))
+    jg.sched_ids = [ids[n] for n in values]
     return jg
+
+
+def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs: list,
+              primals: set[fx.Node]) -> tuple[Schedule, dict[fx.Node, int]]:
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    ids = {n: i for i, n in enumerate(nodes)}
+    nbytes, root = [], []
+    for n in nodes:
+        r = view_root(n) if n.op == "call_function" else n
+        r = r if r in ids else n
+        root.append(ids[r])
+        own = r is n and n not in primals and not isinstance(n.meta.get("val"), (tuple, list))
+        nbytes.append(cost.nbytes(n.meta.get("val")) if own and n.op != "get_attr" else 0)
+    return Schedule(
+        inputs=tuple(tuple(ids[a] for a in n.all_input_nodes if a in ids) for n in nodes),
+        nbytes=tuple(nbytes),
+        root=tuple(root),
+        graph_input=frozenset(ids[n] for n in nodes if n in primals or n.op == "get_attr"),
+        tangent=frozenset(ids[n] for n in nodes if _is_tangent(n)),
+        backward=frozenset(ids[n] for n in backward if n in ids),
+        fwd_outputs=tuple(ids[a] for a in fwd_outs if isinstance(a, fx.Node) and a in ids),
+        bwd_outputs=tuple(ids[a] for a in bwd_outs if isinstance(a, fx.Node) and a in ids),
+        names=tuple(n.name for n in nodes),
+    ), ids
 
 
 _STOPS = ("is_matmul", "is_attention", "is_random", "is_mutating", "is_collective", "is_data_dependent")
@@ -393,5 +430,6 @@ def _eager_saved(jg: JointGraph, values: list[fx.Node], backward: set[fx.Node], 
                 direct.add(a)
     direct.update(a for a in bwd_outs if isinstance(a, fx.Node) and a in jg.index
                   and (jg.index[a] in jg.forward or a.op == "placeholder"))
+    jg.eager_direct = sorted(jg.index[a] for a in direct)
     roots = {view_root(a) for a in direct}
     return sorted(jg.index[r] for r in roots if r in jg.index and jg.cost[jg.index[r]] > 0)
