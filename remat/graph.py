@@ -152,6 +152,9 @@ class JointGraph:
     schedule: Schedule | None = None
     sched_ids: list[int] = field(default_factory=list)
     """Schedule node id of each value."""
+    node_ops: dict[int, str] = field(default_factory=dict)
+    """Op name of every schedule node (backward ones included)."""
+    recompute_flops: list[int] = field(default_factory=list)
     recompute_seconds: list[float] = field(default_factory=list)
     """Estimated time to recompute each value in a fused backward kernel (0 if not forward)."""
 
@@ -311,6 +314,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
     jg.schedule, ids = _schedule(graph, backward, fwd_outs, bwd_outs, set(primals))
     jg.sched_ids = [ids[n] for n in values]
+    jg.node_ops = {i: op_name(n) for n, i in ids.items()}
     return jg
 
 

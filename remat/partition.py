@@ -12,6 +12,7 @@ import logging
 import operator
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,7 +22,8 @@ from . import compat
 from .errors import PlanningError, RematError
 from .graph import JointGraph, analyze
 from .options import Options
-from .plan import Plan, SavedTensor
+from .peak import simulate
+from .plan import Plan, PlanNode, SavedTensor
 from .policy import Decision, decide
 from .solver import ConflictError, solve
 
@@ -105,7 +107,10 @@ def plan_joint_graph(
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place)."""
     gm.graph.eliminate_dead_code()
     eager_graph = analyze(gm, num_fwd_outputs, static_input_indices)
-    eager_saved_bytes = sum(eager_graph.cost[i] for i in eager_graph.eager_saved)
+    eager = EagerBaseline(
+        saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
+        peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
+    )
     cse(gm)
     jg = analyze(gm, num_fwd_outputs, static_input_indices)
     no_recompute, no_save, reasons = _decisions(jg, options)
@@ -118,23 +123,65 @@ def plan_joint_graph(
             "remat: no valid plan: a value the backward needs can be neither saved nor "
             f"recomputed: {steps}. Remove or narrow the rule that forbids saving it."
         ) from None
+    plan = build_plan(jg, sol.saved, sol.recomputed, no_recompute, reasons, eager)
+    return jg, list(sol.saved), plan
+
+
+@dataclass(frozen=True)
+class EagerBaseline:
+    saved_bytes: int
+    peak_bytes: int
+
+
+def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
+               no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline) -> Plan:
+    """The Plan for one joint graph saving ``saved_ids``; ``computed_ids`` are the values the
+    backward computes from them (recomputed forward ops and backward-only ops)."""
+    saved_set, computed = set(saved_ids), set(computed_ids)
     saved = []
-    for i in sol.saved:
+    for i in sorted(saved_set):
         f = jg.facts[i]
-        if i in no_recompute:
-            reason = reasons[i]
+        reason = reasons[i] if i in no_recompute else "min-cut boundary"
+        saved.append(SavedTensor(f.name, f.op or f.role, f.shape, f.dtype, jg.cost[i], reason, f.source, f.module))
+    recomputed = [i for i in sorted(computed) if i in jg.forward and jg.nodes[i].op == "call_function"]
+    status = {}
+    for i, f in enumerate(jg.facts):
+        if i in saved_set:
+            status[i] = "saved"
+        elif f.role in ("input", "parameter"):
+            status[i] = f.role
+        elif i in computed:
+            status[i] = "recomputed" if i in jg.forward else "backward-only"
         else:
-            reason = "min-cut boundary"
-        op = f.op or f.role
-        saved.append(SavedTensor(f.name, op, f.shape, f.dtype, jg.cost[i], reason, f.source, f.module))
-    recomputed = [i for i in sol.recomputed if i in jg.forward and jg.nodes[i].op == "call_function"]
-    plan = Plan(
+            status[i] = "forward" if i in jg.forward else "backward-only"
+    sched = jg.schedule
+    by_sched = {sid: i for i, sid in enumerate(jg.sched_ids)}
+    nodes = []
+    for sid in range(sched.n):
+        name = sched.names[sid]
+        i = by_sched.get(sid)
+        if i is None:
+            st = "tangent" if sid in sched.tangent else "backward"
+            nodes.append(PlanNode(name, st if st == "tangent" else jg.node_ops.get(sid, ""), st, "",
+                                  tuple(sched.names[u] for u in sched.inputs[sid])))
+            continue
+        f = jg.facts[i]
+        nodes.append(PlanNode(name, f.op or f.role, status[i], reasons.get(i, ""),
+                              tuple(sched.names[u] for u in sched.inputs[sid]), f.shape, f.dtype,
+                              jg.cost[i], f.module, f.source))
+    flops = sum(jg.recompute_flops[i] for i in recomputed) if jg.recompute_flops else 0
+    secs = sum(jg.recompute_seconds[i] for i in recomputed) if jg.recompute_seconds else 0.0
+    return Plan(
         saved=tuple(saved),
         recomputed=tuple(jg.facts[i].name for i in recomputed),
         recomputed_ops=tuple(jg.facts[i].op for i in recomputed),
-        eager_saved_bytes=eager_saved_bytes,
+        eager_saved_bytes=eager.saved_bytes,
+        nodes=tuple(nodes),
+        predicted_peak_bytes=simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes,
+        eager_peak_bytes=eager.peak_bytes,
+        recompute_flops=int(flops),
+        recompute_seconds=float(secs),
     )
-    return jg, list(sol.saved), plan
 
 
 def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["SavedTensor", "Plan", "format_bytes"]
+__all__ = ["SavedTensor", "PlanNode", "Plan", "format_bytes"]
 
 
 def format_bytes(n: int) -> str:
@@ -35,6 +35,27 @@ class SavedTensor:
     """Module path in the user's model, when known."""
 
 
+@dataclass(frozen=True, slots=True)
+class PlanNode:
+    """One node of the joint graph as the plan sees it (for reports and ``Plan.explain``)."""
+
+    name: str
+    op: str
+    """Overload name (``aten.mm.default``), ``getitem``, or ``input``/``parameter``/``tangent``."""
+    status: str
+    """``saved``, ``recomputed`` (a forward op the backward computes again), ``forward`` (computed
+    in the forward only), ``backward`` (part of the backward), ``backward-only`` (computed from
+    saved values for the backward, never in the forward), ``input``, ``parameter``, ``tangent``."""
+    reason: str
+    """The rule that constrained this node (``matmul``, ``user rule `x` ``...) or ``""``."""
+    inputs: tuple[str, ...]
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    nbytes: int = 0
+    module: str = ""
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class Plan:
     """The decision for one captured graph (or several, combined; see ``Plan.combine``)."""
@@ -50,6 +71,16 @@ class Plan:
     fallback: str | None = None
     """Set when planning failed and the graph saves what autograd would save instead."""
     notes: tuple[str, ...] = field(default=())
+    nodes: tuple[PlanNode, ...] = field(default=(), repr=False)
+    """Every node of the joint graph with its status, in graph order (empty for a fallback)."""
+    predicted_peak_bytes: int = 0
+    """Predicted peak activation memory of one step under this plan (see ``remat.peak``)."""
+    eager_peak_bytes: int = 0
+    """Predicted peak of the same graph saving what autograd saves, recomputing nothing."""
+    recompute_flops: int = 0
+    """Estimated FLOPs of the recomputed ops."""
+    recompute_seconds: float = 0.0
+    """Estimated time of the recomputed ops on the device model (fused: no memory round trips)."""
 
     @property
     def saved_bytes(self) -> int:
