@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,6 +22,7 @@ __all__ = ["checkpoint", "explain", "compiled_plans"]
 
 T = TypeVar("T")
 _ATTR = "_remat_backend"
+_COUNTER = itertools.count()
 
 
 def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -46,12 +49,14 @@ def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _entry(module: nn.Module) -> Callable[..., Any]:
     """A top-level frame for Dynamo that runs the module with its hooks. (Compiling
     ``module._call_impl`` directly makes Dynamo skip that torch-internal frame and capture each
-    submodule separately.)"""
+    submodule separately.) Each call makes a new code object: Dynamo keys its cache and its
+    recompile limit on code objects, so every wrapped model gets its own."""
 
     def run_module(*args: Any, **kwargs: Any) -> Any:
         return module._call_impl(*args, **kwargs)
 
-    return run_module
+    code = run_module.__code__.replace(co_name=f"remat_{type(module).__name__}_{next(_COUNTER)}")
+    return types.FunctionType(code, run_module.__globals__, code.co_name, None, run_module.__closure__)
 
 
 def checkpoint(

