@@ -227,7 +227,42 @@ def _attention_dropout(node: fx.Node) -> float:
     return 0.0
 
 
-def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int]) -> JointGraph:
+def device_model_for(gm: fx.GraphModule) -> cost.DeviceModel:
+    """The default device model: H200 numbers for a graph on a GPU, CPU numbers otherwise."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            return cost.H200
+    return cost.CPU
+
+
+def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
+    fl, secs = [], []
+    for i, (n, op) in enumerate(zip(jg.nodes, jg.ops)):
+        if i not in jg.forward or n.op != "call_function":
+            fl.append(0)
+            secs.append(0.0)
+            continue
+        ins = [a.meta.get("val") for a in n.all_input_nodes]
+        out = n.meta.get("val")
+        f = cost.flops(op.op, out, ins)
+        if op.is_view or op.op == "getitem":
+            kind, f = "view", 0
+        elif op.is_matmul or op.is_attention:
+            kind = "heavy"
+        elif op.reduction_ratio:
+            kind = "reduction"
+        else:
+            kind = "pointwise"
+        bytes_in = sum(cost.nbytes(v) for v in ins)
+        bytes_out = sum(cost.nbytes(v) for v in out) if isinstance(out, (tuple, list)) else cost.nbytes(out)
+        fl.append(int(f))
+        secs.append(cost.recompute_seconds(kind, f, bytes_in, bytes_out, dev))
+    jg.recompute_flops, jg.recompute_seconds = fl, secs
+
+
+def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int],
+            device_model: cost.DeviceModel | None = None) -> JointGraph:
     """Classify the joint graph's nodes (see the module docstring)."""
     graph = gm.graph
     primals = [n for n in graph.nodes if n.op == "placeholder" and not _is_tangent(n)]
@@ -315,6 +350,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     jg.schedule, ids = _schedule(graph, backward, fwd_outs, bwd_outs, set(primals))
     jg.sched_ids = [ids[n] for n in values]
     jg.node_ops = {i: op_name(n) for n, i in ids.items()}
+    _recompute_costs(jg, device_model or device_model_for(gm))
     return jg
 
 

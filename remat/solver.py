@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-__all__ = ["Problem", "Solution", "ConflictError", "solve", "brute_force"]
+__all__ = ["Problem", "Solution", "ConflictError", "solve", "solve_weighted", "brute_force", "time_of"]
 
 SOURCE = "source"
 SINK = "sink"
@@ -53,6 +53,9 @@ class Problem:
     no_recompute: dict[int, str] = field(default_factory=dict)
     no_save: dict[int, str] = field(default_factory=dict)
     names: tuple[str, ...] = ()
+    recompute_cost: tuple[float, ...] = ()
+    """Estimated seconds to recompute each value (0 for values the forward does not compute:
+    computing those in the backward is not extra work). Used by ``solve_weighted``."""
 
     @property
     def n(self) -> int:
@@ -70,6 +73,10 @@ class Solution:
     saved: tuple[int, ...]
     recomputed: tuple[int, ...]
     cost: int
+    time: float = 0.0
+    """Sum of ``recompute_cost`` over ``recomputed``."""
+    weight: float | None = None
+    """The bytes-per-second weight this plan was solved at (``solve_weighted``), if any."""
 
 
 class ConflictError(Exception):
@@ -88,8 +95,13 @@ def _tie_terms(p: Problem) -> tuple[list[int], int]:
     return ties, scale
 
 
-def _build(p: Problem) -> nx.DiGraph:
+def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
+    """The flow network. With ``weight`` (bytes per second of recompute), an edge
+    ``source -> v_in`` of capacity ``weight * recompute_cost[v]`` charges recomputing ``v``; the
+    cut then minimises ``saved bytes + weight * recompute seconds`` (floats, no tie terms)."""
     ties, scale = _tie_terms(p)
+    if weight is not None:
+        ties, scale = [0] * p.n, 1
     g = nx.DiGraph()
     g.add_node(SOURCE)
     g.add_node(SINK)
@@ -100,6 +112,8 @@ def _build(p: Problem) -> nx.DiGraph:
             g.add_edge(2 * v, 2 * v + 1, capacity=p.cost[v] * scale + ties[v])
         if v in p.no_recompute:
             g.add_edge(SOURCE, 2 * v)
+        elif weight is not None and p.recompute_cost and p.recompute_cost[v] > 0:
+            g.add_edge(SOURCE, 2 * v, capacity=weight * p.recompute_cost[v])
         for u in p.inputs[v]:
             g.add_edge(2 * u + 1, 2 * v)
         if v in p.needed:
@@ -159,17 +173,20 @@ def recompute_closure(p: Problem, saved: set[int]) -> list[int] | None:
     return sorted(out)
 
 
-def solve(p: Problem) -> Solution:
-    """The cheapest valid plan. Raises ConflictError when every plan is infinite."""
+def time_of(p: Problem, recomputed: tuple[int, ...] | list[int]) -> float:
+    return sum(p.recompute_cost[v] for v in recomputed) if p.recompute_cost else 0.0
+
+
+def _cut(p: Problem, weight: float | None) -> Solution:
     for v in range(p.n):
         if any(u >= v for u in p.inputs[v]):
             raise ValueError(f"value {v} has an input that is not earlier in graph order")
-    g = _build(p)
+    g = _build(p, weight)
     chain = _find_conflict(p, g)
     if chain is not None:
         raise ConflictError(chain)
     if not p.needed:
-        return Solution((), (), 0)
+        return Solution((), (), 0, 0.0, weight)
     _, (reachable, _) = nx.minimum_cut(g, SOURCE, SINK, flow_func=nx.algorithms.flow.preflow_push)
     saved = tuple(
         v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable
@@ -177,7 +194,19 @@ def solve(p: Problem) -> Solution:
     recomputed = recompute_closure(p, set(saved))
     if recomputed is None:  # pragma: no cover - guarded by the construction
         raise AssertionError("remat: internal error, min-cut produced an invalid plan; please report")
-    return Solution(saved, tuple(recomputed), sum(p.cost[v] for v in saved))
+    return Solution(saved, tuple(recomputed), sum(p.cost[v] for v in saved), time_of(p, recomputed), weight)
+
+
+def solve(p: Problem) -> Solution:
+    """The cheapest valid plan in bytes. Raises ConflictError when every plan is infinite."""
+    return _cut(p, None)
+
+
+def solve_weighted(p: Problem, weight: float) -> Solution:
+    """The plan minimising ``saved bytes + weight * recompute seconds``."""
+    if not weight >= 0:
+        raise ValueError(f"weight must be >= 0, got {weight!r}")
+    return _cut(p, weight)
 
 
 def brute_force(p: Problem) -> int | None:
