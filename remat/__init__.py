@@ -1,16 +1,20 @@
 """remat: save fewer activations for the backward and recompute cheap ones, chosen by a
 bytes-weighted min-cut over the joint forward+backward graph."""
 
-from .api import checkpoint, compiled_plans, explain
+from .api import checkpoint, compiled_plans, explain, pareto
+from .budget import Budget
 from .capture import remat_backend
 from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematError
 from .options import Options
-from .plan import Plan, SavedTensor
+from .plan import Frontier, Plan, SavedTensor
 from .policy import MUST_RECOMPUTE, MUST_SAVE, Decision, OpInfo, Rule, recompute, save
 
 __all__ = [
     "checkpoint",
     "explain",
+    "pareto",
+    "Frontier",
+    "Budget",
     "compiled_plans",
     "remat_backend",
     "Options",

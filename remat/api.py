@@ -4,6 +4,7 @@ stages together; the algorithms live in ``graph``, ``solver`` and ``partition``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import types
@@ -16,9 +17,9 @@ import torch.nn as nn
 from .capture import RematBackend
 from .errors import RematError
 from .options import Options
-from .plan import Plan
+from .plan import Frontier, Plan
 
-__all__ = ["checkpoint", "explain", "compiled_plans"]
+__all__ = ["checkpoint", "explain", "pareto", "compiled_plans"]
 
 T = TypeVar("T")
 _ATTR = "_remat_backend"
@@ -66,6 +67,8 @@ def checkpoint(
     policy: Any = None,
     strict: bool = False,
     dynamic: bool | None = None,
+    budget: int | float | str | None = None,
+    device_model: Any = None,
 ) -> T:
     """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
 
@@ -74,8 +77,11 @@ def checkpoint(
     and ``.eval()`` (in eval mode the module runs as written, uncompiled and unplanned). A
     function comes back as a function. Each captured training graph is
     planned by a bytes-weighted min-cut; ``remat.compiled_plans(wrapped)`` lists the plans.
+    With ``budget`` (bytes, ``"6GiB"``, or a fraction of eager's peak) each graph takes the
+    plan with the least estimated recompute whose predicted peak fits (``remat.budget``).
     """
-    options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic)
+    options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
+                      device_model=device_model)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
         wrapped = copy.copy(model)
@@ -116,10 +122,7 @@ def compiled_plans(model: Any) -> list[Plan]:
     return list(rb.plans)
 
 
-def explain(model: Any, *args: Any, **kwargs: Any) -> Plan:
-    """Plan ``model`` for these inputs without training: the same capture and solve path as
-    ``checkpoint`` (with the wrapped model's options, or the defaults), returning the Plan.
-    The forward runs once, uncompiled; nothing is compiled or trained."""
+def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bool) -> RematBackend:
     if isinstance(model, nn.Module):
         rb = model.__dict__.get(_ATTR)
         fn: Callable[..., Any] = _entry(model)
@@ -132,7 +135,9 @@ def explain(model: Any, *args: Any, **kwargs: Any) -> Plan:
             "Call remat.explain(model, *example_inputs)."
         )
     options = rb.options if rb is not None else Options()
-    probe = RematBackend(options, explain_only=True)
+    if budget is not None:
+        options = dataclasses.replace(options, budget=budget)
+    probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
     compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic))
     with torch.enable_grad():
         compiled(*args, **kwargs)
@@ -142,4 +147,25 @@ def explain(model: Any, *args: Any, **kwargs: Any) -> Plan:
             "the model is in a torch.no_grad() region). Pass inputs or parameters with "
             "requires_grad=True, as in training."
         )
-    return Plan.combine(probe.plans)
+    return probe
+
+
+def explain(model: Any, *args: Any, budget: Any = None, **kwargs: Any) -> Plan:
+    """Plan ``model`` for these inputs without training: the same capture and solve path as
+    ``checkpoint`` (with the wrapped model's options, or the defaults), returning the Plan.
+    The forward runs once, uncompiled; nothing is compiled or trained. ``budget`` overrides
+    the wrapped model's budget."""
+    return Plan.combine(_probe(model, args, kwargs, budget, want_frontier=False).plans)
+
+
+def pareto(model: Any, *args: Any, **kwargs: Any) -> Frontier:
+    """The memory/recompute frontier of ``model`` for these inputs: the default plan and every
+    plan on the lower convex hull of (saved bytes, estimated recompute time), each with its
+    predicted peak. Needs a single captured graph."""
+    probe = _probe(model, args, kwargs, None, want_frontier=True)
+    if len(probe.plans) != 1 or probe.frontiers[0] is None:
+        raise RematError(
+            f"remat: pareto needs exactly one captured training graph, got {len(probe.plans)} "
+            "(graph breaks split the model). Call remat.pareto on a part without graph breaks."
+        )
+    return Frontier(points=probe.frontiers[0], eager_peak_bytes=probe.plans[0].eager_peak_bytes)

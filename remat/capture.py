@@ -27,18 +27,21 @@ class RematBackend:
     """A Dynamo backend. ``plans`` collects one Plan per captured training graph, in capture
     order. With ``explain_only``, graphs are planned but run uncompiled and never trained."""
 
-    def __init__(self, options: Options, *, explain_only: bool = False):
+    def __init__(self, options: Options, *, explain_only: bool = False, want_frontier: bool = False):
         self.options = options
         self.explain_only = explain_only
+        self.want_frontier = want_frontier
         self.plans: list[Plan] = []
+        self.frontiers: list[tuple[Plan, ...] | None] = []
 
-    def _sink(self, plan: Plan) -> None:
+    def _sink(self, plan: Plan, frontier: tuple[Plan, ...] | None) -> None:
         self.plans.append(plan)
+        self.frontiers.append(frontier)
         if self.explain_only:
             raise _Planned()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        partition = make_partition_fn(self.options, self._sink)
+        partition = make_partition_fn(self.options, self._sink, self.want_frontier)
         try:
             if self.options.backend == "eager":
                 lower = compat.aot_autograd(

@@ -161,7 +161,8 @@ class JointGraph:
     def to_schedule_ids(self, values: list[int] | tuple[int, ...]) -> set[int]:
         return {self.sched_ids[i] for i in values}
 
-    def problem(self, no_recompute: dict[int, str], no_save: dict[int, str]) -> Problem:
+    def problem(self, no_recompute: dict[int, str], no_save: dict[int, str],
+                recompute_cost: list[float] | None = None) -> Problem:
         return Problem(
             inputs=tuple(self.inputs),
             cost=tuple(self.cost),
@@ -169,6 +170,7 @@ class JointGraph:
             no_recompute=dict(no_recompute),
             no_save=dict(no_save),
             names=tuple(f.name for f in self.facts),
+            recompute_cost=tuple(recompute_cost or ()),
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .budget import Budget, parse_budget
+from .cost import DEVICE_MODELS, DeviceModel
 from .errors import RematError
 from .policy import Policy, normalize_policy
 
@@ -31,6 +33,14 @@ class Options:
     """Passed to ``torch.compile``: ``True`` traces symbolic shapes up front, ``None`` lets
     Dynamo decide after a recompile, ``False`` specialises on every shape."""
 
+    budget: Budget | int | float | str | None = None
+    """Bound on the predicted peak activation memory of a step: bytes (``int`` or ``"6GiB"``)
+    or a fraction in (0, 1] of eager autograd's predicted peak. ``None``: the default plan."""
+
+    device_model: DeviceModel | str | None = None
+    """Roofline numbers for recompute-time estimates: ``"h200"``, ``"cpu"`` or a
+    ``remat.cost.DeviceModel``; ``None`` picks by the graph's device."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:
             raise RematError(
@@ -42,6 +52,16 @@ class Options:
         if self.dynamic not in (None, True, False):
             raise RematError(f"remat: dynamic must be None, True or False, got {self.dynamic!r}.")
         object.__setattr__(self, "policy", normalize_policy(self.policy))
+        object.__setattr__(self, "budget", parse_budget(self.budget))
+        dm = self.device_model
+        if isinstance(dm, str):
+            if dm not in DEVICE_MODELS:
+                raise RematError(f"remat: device_model must be one of {sorted(DEVICE_MODELS)} or a "
+                                 f"remat.cost.DeviceModel, got {dm!r}.")
+            object.__setattr__(self, "device_model", DEVICE_MODELS[dm])
+        elif dm is not None and not isinstance(dm, DeviceModel):
+            raise RematError(f"remat: device_model must be a name or a remat.cost.DeviceModel, got "
+                             f"{type(dm).__name__}.")
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:

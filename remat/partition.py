@@ -8,6 +8,7 @@ first use in the backward, and hands the resulting ``Plan`` to ``sink``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import warnings
@@ -19,7 +20,9 @@ import torch
 import torch.fx as fx
 
 from . import compat
+from .budget import Candidate, choose
 from .errors import PlanningError, RematError
+from .frontier import hull
 from .graph import JointGraph, analyze
 from .options import Options
 from .peak import simulate
@@ -101,18 +104,33 @@ def _decisions(jg: JointGraph, options: Options) -> tuple[dict[int, str], dict[i
     return no_recompute, no_save, reasons
 
 
+COST_RULES = frozenset({"matmul", "attention", "reduction", "normalization boundary"})
+"""Built-in rules that forbid recompute because it is slow, not because it is unsafe: under a
+budget they give way to the estimated recompute cost."""
+
+
+@dataclass
+class Planned:
+    jg: JointGraph
+    saved_ids: list[int]
+    plan: Plan
+    frontier: tuple[Plan, ...] | None = None
+
+
 def plan_joint_graph(
-    gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options
-) -> tuple[JointGraph, list[int], Plan]:
-    """Analyse and solve one joint graph (CSE is applied to ``gm`` in place)."""
+    gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
+    want_frontier: bool = False,
+) -> Planned:
+    """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
+    (or ``want_frontier``) the memory/recompute frontier is computed too."""
     gm.graph.eliminate_dead_code()
-    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices)
+    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)
     eager = EagerBaseline(
         saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
     )
     cse(gm)
-    jg = analyze(gm, num_fwd_outputs, static_input_indices)
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)
     no_recompute, no_save, reasons = _decisions(jg, options)
     try:
         sol = solve(jg.problem(no_recompute, no_save))
@@ -124,7 +142,25 @@ def plan_joint_graph(
             f"recomputed: {steps}. Remove or narrow the rule that forbids saving it."
         ) from None
     plan = build_plan(jg, sol.saved, sol.recomputed, no_recompute, reasons, eager)
-    return jg, list(sol.saved), plan
+    if options.budget is None and not want_frontier:
+        return Planned(jg, list(sol.saved), plan)
+
+    relaxed_nr = {i: r for i, r in no_recompute.items() if r not in COST_RULES}
+    relaxed = jg.problem(relaxed_nr, no_save, recompute_cost=jg.recompute_seconds)
+    options_out: list[tuple[tuple[int, ...], tuple[int, ...], Plan]] = [(sol.saved, sol.recomputed, plan)]
+    for v in hull(relaxed):
+        if all(v.saved != o[0] for o in options_out):
+            options_out.append((v.saved, v.recomputed,
+                                build_plan(jg, v.saved, v.recomputed, relaxed_nr, reasons, eager)))
+    frontier = tuple(sorted((o[2] for o in options_out), key=lambda q: (q.recompute_seconds, q.predicted_peak_bytes)))
+    if options.budget is None:
+        return Planned(jg, list(sol.saved), plan, frontier)
+    limit = options.budget.resolve(eager.peak_bytes)
+    cands = [Candidate(k, o[2].predicted_peak_bytes, o[2].recompute_seconds, o[2].saved_bytes)
+             for k, o in enumerate(options_out)]
+    chosen = options_out[choose(cands, limit, eager.peak_bytes).key]
+    chosen_plan = dataclasses.replace(chosen[2], budget_bytes=limit)
+    return Planned(jg, list(chosen[0]), chosen_plan, frontier)
 
 
 @dataclass(frozen=True)
@@ -223,14 +259,17 @@ def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
     bw.recompile()
 
 
-def make_partition_fn(options: Options, sink: Callable[[Plan], None]) -> Callable[..., Any]:
-    """The partition function for AOTAutograd (and Inductor's partitioner hook)."""
+def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] | None], None],
+                      want_frontier: bool = False) -> Callable[..., Any]:
+    """The partition function for AOTAutograd (and Inductor's partitioner hook). ``sink``
+    receives each graph's plan and, with a budget or ``want_frontier``, its frontier."""
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
         try:
-            jg, saved_ids, plan = plan_joint_graph(joint, num_fwd_outputs, static, options)
+            planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier)
+            jg, saved_ids, plan, frontier = planned.jg, planned.saved_ids, planned.plan, planned.frontier
             values = [jg.nodes[i] for i in saved_ids]
             saved_sym = [n for n in values if compat.is_sym(n.meta.get("val"))]
             saved_tensors = [n for n in values if not compat.is_sym(n.meta.get("val"))]
@@ -250,9 +289,9 @@ def make_partition_fn(options: Options, sink: Callable[[Plan], None]) -> Callabl
                           "what autograd would save instead. Pass strict=True to raise.", stacklevel=2)
             fw, bw = compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                               static_lifetime_input_indices=static)
-            plan = Plan(saved=(), recomputed=(), fallback=f"{type(e).__name__}: {e}")
+            plan, frontier = Plan(saved=(), recomputed=(), fallback=f"{type(e).__name__}: {e}"), None
         log.info("%s", plan)
-        sink(plan)
+        sink(plan, frontier)
         return fw, bw
 
     return partition

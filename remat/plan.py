@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["SavedTensor", "PlanNode", "Plan", "format_bytes"]
+__all__ = ["SavedTensor", "PlanNode", "Plan", "Frontier", "format_bytes"]
 
 
 def format_bytes(n: int) -> str:
@@ -81,6 +81,8 @@ class Plan:
     """Estimated FLOPs of the recomputed ops."""
     recompute_seconds: float = 0.0
     """Estimated time of the recomputed ops on the device model (fused: no memory round trips)."""
+    budget_bytes: int | None = None
+    """The peak budget this plan was chosen under, if any."""
 
     @property
     def saved_bytes(self) -> int:
@@ -135,3 +137,54 @@ class Plan:
             lines.append("recomputed: " + ", ".join(f"{op} x{c}" for op, c in counts.items()))
         lines += list(self.notes)
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Plans trading memory for recompute time for one graph: the default plan and every
+    vertex of the lower convex hull of (saved bytes, recompute seconds), sorted from the least
+    recompute to the most. ``eager_peak_bytes`` is autograd's predicted peak for comparison."""
+
+    points: tuple[Plan, ...]
+    eager_peak_bytes: int = 0
+
+    def __str__(self) -> str:
+        rows = [("#", "saved", "predicted peak", "x eager peak", "recompute (est.)", "recomputed ops")]
+        for k, p in enumerate(self.points):
+            ratio = f"{p.predicted_peak_bytes / self.eager_peak_bytes:.2f}" if self.eager_peak_bytes else "-"
+            rows.append((str(k), format_bytes(p.saved_bytes), format_bytes(p.predicted_peak_bytes), ratio,
+                         f"{p.recompute_seconds * 1e3:.3f} ms", str(len(p.recomputed))))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [f"remat frontier: {len(self.points)} plans (eager autograd's predicted peak: "
+                 f"{format_bytes(self.eager_peak_bytes)})"]
+        for j, r in enumerate(rows):
+            lines.append("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+            if j == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def plot(self, path: str) -> str:
+        """Predicted peak (MiB) against estimated recompute time (ms), as PNG or SVG by the
+        file's extension. Needs matplotlib."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            from .errors import RematError
+
+            raise RematError("remat: Frontier.plot needs matplotlib; pip install matplotlib.") from e
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = [p.recompute_seconds * 1e3 for p in self.points]
+        ys = [p.predicted_peak_bytes / 2**20 for p in self.points]
+        ax.plot(xs, ys, "o-", label="remat plans")
+        if self.eager_peak_bytes:
+            ax.axhline(self.eager_peak_bytes / 2**20, color="gray", ls="--", label="eager autograd")
+        ax.set_xlabel("estimated recompute time (ms)")
+        ax.set_ylabel("predicted peak activation memory (MiB)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        return path

@@ -2,7 +2,8 @@
 
 ``build(name, size="small"|"full", dtype=..., device=...)`` returns ``(model, x)``; the loss of
 every workload is ``loss(y) = y.float().square().mean()``. "full" sizes are the GPU benchmark
-sizes; "small" sizes run in seconds on a CPU.
+sizes; "small" sizes run in seconds on a CPU; "medium" sizes (more rows) make activations,
+not parameters, dominate memory while still running in seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -73,11 +74,14 @@ class GptBlock(nn.Module):
 
 
 SIZES = {
-    "pointwise": {"full": dict(n=16384, d=4096, layers=8), "small": dict(n=64, d=128, layers=8)},
+    "pointwise": {"full": dict(n=16384, d=4096, layers=8), "small": dict(n=64, d=128, layers=8),
+                  "medium": dict(n=1024, d=128, layers=8)},
     "mlp": {"full": dict(n=16384, d=2048, hidden=8192, blocks=4),
-            "small": dict(n=64, d=64, hidden=256, blocks=4)},
+            "small": dict(n=64, d=64, hidden=256, blocks=4),
+            "medium": dict(n=1024, d=64, hidden=256, blocks=4)},
     "gpt": {"full": dict(batch=8, seq=1024, d=1024, heads=16, hidden=4096, blocks=12),
-            "small": dict(batch=2, seq=16, d=64, heads=4, hidden=256, blocks=2)},
+            "small": dict(batch=2, seq=16, d=64, heads=4, hidden=256, blocks=2),
+            "medium": dict(batch=2, seq=256, d=64, heads=4, hidden=256, blocks=2)},
 }
 WORKLOADS = tuple(SIZES)
 
