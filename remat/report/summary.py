@@ -7,8 +7,9 @@ integer component names a block (``layers.3.attn``: block ``layers.3``, relative
 is grouped with its block. Consecutive blocks of the same container whose rows are identical
 (same relative paths, counts, bytes and reasons) collapse into one group, shown as
 ``layers.0..11 (x12)`` with the group's totals, followed by one indented row per relative
-path (also totals over the group; none when the blocks have only their own ops). Modules outside any block get one row each. Rows appear
-in graph order of the first op of each group, so the output is stable.
+path (also totals over the group; none when the blocks have only their own ops). Modules
+outside any block get one row each. Rows appear in graph order of the first op of each group,
+so the output is stable.
 """
 
 from __future__ import annotations
