@@ -206,3 +206,14 @@ def test_html_report_renders_in_headless_chromium(report_plan, tmp_path):
     keep = os.environ.get("REMAT_KEEP_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
+
+
+def test_combined_plan_keeps_nodes_for_reports(report_plan):
+    both = Plan.combine([report_plan, report_plan])
+    assert len(both.nodes) == 2 * len(report_plan.nodes)
+    assert "is saved: rule `matmul`" in both.explain("g1.addmm")
+    assert "recomputed in the backward from `g0.addmm`" in both.explain("g0.erf")
+    assert both.totals().activation_bytes == 2 * report_plan.totals().activation_bytes
+    assert "layers.0..1 (x2)" in both.summary()
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(both.to_json()), report.SCHEMA)

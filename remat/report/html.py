@@ -102,14 +102,14 @@ def render_html(plan: Plan, *, title: str = "remat plan", frontier: Any = None,
     ]
     if plan.fallback:
         parts.append(f'<p class="note"><b>Fallback:</b> {escape(plan.fallback)} (autograd\'s choice is kept)</p>')
-    parts += ["<h2>Totals</h2>", _totals_table(plan),
-              "<h2>Saved tensors</h2>", _saved_table(plan)]
+    parts += ['<h2 id="totals">Totals</h2>', _totals_table(plan),
+              '<h2 id="saved">Saved tensors</h2>', _saved_table(plan)]
     counts = plan.recompute_counts()
     if counts:
         parts.append('<p class="note">recomputed: ' + escape(", ".join(f"{op} x{c}" for op, c in counts.items()))
                      + "</p>")
-    parts += ["<h2>By module</h2>", _summary_table(plan),
-              "<h2>Graph</h2>",
+    parts += ['<h2 id="modules">By module</h2>', _summary_table(plan),
+              '<h2 id="graph">Graph</h2>',
               '<p class="note">Forward on top (left to right), backward below (right to left). Hover a node '
               "for its name, op, status and reason.</p>",
               f'<div class="graph">{draw_svg(plan)}</div>']
@@ -121,7 +121,7 @@ def render_html(plan: Plan, *, title: str = "remat plan", frontier: Any = None,
         svg = svg[svg.find("<svg"):]
         parts.append(f'<details><summary>Graphviz drawing</summary><div class="graph">{svg}</div></details>')
     if frontier is not None:
-        parts += ["<h2>Memory/time frontier</h2>", _frontier_img(frontier)]
+        parts += ['<h2 id="frontier">Memory/time frontier</h2>', _frontier_img(frontier)]
     if plan.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in plan.notes) + "</ul>")
     parts.append("</body></html>")
