@@ -37,9 +37,10 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
-    from . import compat
+    from . import compat, logs
 
     compat.register_backend("remat", remat_backend)
+    logs.configure_from_env()
 
 
 _register()

@@ -28,7 +28,7 @@ from .options import Options
 from .peak import simulate
 from .plan import Plan, PlanNode, SavedTensor
 from .policy import Decision, decide
-from .solver import ConflictError, solve
+from .solver import ConflictError, describe, solve
 
 __all__ = ["make_partition_fn", "plan_joint_graph", "cse"]
 
@@ -132,9 +132,12 @@ def plan_joint_graph(
     cse(gm)
     jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)
     no_recompute, no_save, reasons = _decisions(jg, options)
+    problem = jg.problem(no_recompute, no_save)
     try:
-        sol = solve(jg.problem(no_recompute, no_save))
+        sol = solve(problem)
     except ConflictError as e:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("remat: the cut failed; its flow network:\n%s", describe(problem, e.chain))
         steps = "; ".join(f"{jg.facts[v].name} ({jg.facts[v].op or 'input'}, "
                           f"module '{jg.facts[v].module}') {why}" for v, why in e.chain)
         raise PlanningError(
@@ -290,7 +293,9 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
             fw, bw = compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                               static_lifetime_input_indices=static)
             plan, frontier = Plan(saved=(), recomputed=(), fallback=f"{type(e).__name__}: {e}"), None
-        log.info("%s", plan)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", plan.summary())
+        log.debug("%s", plan)
         sink(plan, frontier)
         return fw, bw
 

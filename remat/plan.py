@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .report.totals import Totals
 
 __all__ = ["SavedTensor", "PlanNode", "Plan", "Frontier", "format_bytes"]
 
@@ -98,17 +102,21 @@ class Plan:
         """One plan for several graphs (graph breaks): names get a ``g<k>.`` prefix."""
         if len(plans) == 1:
             return plans[0]
-        saved, rec, ops, notes = [], [], [], []
+        saved, rec, ops, notes, nodes = [], [], [], [], []
         for k, p in enumerate(plans):
             saved += [SavedTensor(f"g{k}.{s.name}", s.op, s.shape, s.dtype, s.nbytes, s.reason,
                                   s.source, s.module) for s in p.saved]
             rec += [f"g{k}.{r}" for r in p.recomputed]
             ops += list(p.recomputed_ops)
             notes += [f"g{k}: {n}" for n in p.notes]
+            nodes += [replace(n, name=f"g{k}.{n.name}", inputs=tuple(f"g{k}.{u}" for u in n.inputs))
+                      for n in p.nodes]
             if p.fallback:
                 notes.append(f"g{k}: fell back: {p.fallback}")
         return cls(tuple(saved), tuple(rec), tuple(ops), sum(p.eager_saved_bytes for p in plans),
-                   graphs=sum(p.graphs for p in plans), notes=tuple(notes))
+                   graphs=sum(p.graphs for p in plans), notes=tuple(notes), nodes=tuple(nodes),
+                   recompute_flops=sum(p.recompute_flops for p in plans),
+                   recompute_seconds=sum(p.recompute_seconds for p in plans))
 
     def __str__(self) -> str:
         head = [
@@ -119,10 +127,10 @@ class Plan:
         ]
         if self.fallback:
             head.append(f"FALLBACK (saves what autograd saves): {self.fallback}")
-        cols = ("name", "op", "shape", "dtype", "bytes", "reason", "source")
+        cols = ("name", "module", "op", "shape", "dtype", "bytes", "reason", "source")
         free = [s for s in self.saved if s.op == "parameter"]
         rows = [
-            (s.name, s.op, "x".join(map(str, s.shape)) or "-", s.dtype, format_bytes(s.nbytes),
+            (s.name, s.module or "-", s.op, "x".join(map(str, s.shape)) or "-", s.dtype, format_bytes(s.nbytes),
              s.reason, s.source or "-")
             for s in self.saved if s.op != "parameter"
         ]
@@ -136,7 +144,63 @@ class Plan:
         if counts:
             lines.append("recomputed: " + ", ".join(f"{op} x{c}" for op, c in counts.items()))
         lines += list(self.notes)
+        lines.append(self.totals().line())
         return "\n".join(lines)
+
+    # --- reports (rendering lives in remat.report) ---------------------------------------------
+
+    def totals(self) -> Totals:
+        """Saved bytes, eager's saved bytes, bytes if everything were saved, recomputed ops and
+        their estimated FLOPs (see ``remat.report.totals``)."""
+        from .report import totals
+
+        return totals(self)
+
+    def summary(self) -> str:
+        """Saved and recomputed values rolled up per module, identical blocks collapsed
+        (``layers.0..11 (x12)``), with the totals."""
+        from .report import summary
+
+        return summary(self)
+
+    def explain(self, name: str) -> str:
+        """Why the value or op ``name`` (``"mul_3"``, ``"aten.mul.Tensor"``) was saved,
+        recomputed, or neither, in a sentence naming the rule or the cut."""
+        from .report import why
+
+        return why(self, name)
+
+    def to_dict(self, *, nodes: bool = True) -> dict[str, Any]:
+        """The plan as plain data, in the schema of ``to_json``."""
+        from .report import to_dict
+
+        return to_dict(self, nodes=nodes)
+
+    def to_json(self, path: str | None = None, *, nodes: bool = True) -> str:
+        """A versioned JSON document (schema: ``remat.report.schema``); written to ``path`` if given."""
+        from .report import to_json
+
+        return to_json(self, path, nodes=nodes)
+
+    def to_dot(self, path: str | None = None, *, parameters: bool = False) -> str:
+        """Graphviz DOT text of the joint graph: forward and backward, saved values on the cut,
+        recomputed ops marked. Written to ``path`` if given; a ``.svg`` path is rendered with
+        Graphviz's ``dot`` (which must be installed)."""
+        from .report import render_svg, to_dot
+
+        text = to_dot(self, parameters=parameters)
+        if path is not None:
+            out = render_svg(text) if str(path).endswith(".svg") else text
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(out)
+        return text
+
+    def to_html(self, path: str, *, frontier: Any = None, title: str = "remat plan") -> str:
+        """Write a self-contained HTML report (table, graph drawing, and the frontier plot when
+        ``frontier`` (with ``.plot(path)``) is given) to ``path``; returns the path."""
+        from .report import to_html
+
+        return to_html(self, path, frontier=frontier, title=title)
 
 
 @dataclass(frozen=True)

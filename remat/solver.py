@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-__all__ = ["Problem", "Solution", "ConflictError", "solve", "solve_weighted", "brute_force", "time_of"]
+__all__ = ["Problem", "Solution", "ConflictError", "solve", "solve_weighted", "brute_force", "time_of",
+           "describe"]
 
 SOURCE = "source"
 SINK = "sink"
@@ -221,3 +222,28 @@ def brute_force(p: Problem) -> int | None:
         if best is None or c < best:
             best = c
     return best
+
+
+def describe(p: Problem, chain: list[tuple[int, str]] | None = None) -> str:
+    """The flow network of ``p`` as text, one edge a line, in the construction's order (see Note
+    [Node-split flow network]): ``source -> mul_3.in  inf  cannot be recomputed: matmul``.
+    Capacities are the bytes of saving a value (the tie-break terms are left out). With
+    ``chain`` (a ``ConflictError``'s), the conflict's values are listed last. For debugging."""
+    lines = [f"flow network: {p.n} values, {len(p.needed)} read by the backward; "
+             "vertices <name>.in and <name>.out per value, plus source and sink"]
+    for v in range(p.n):
+        name = p.name(v)
+        if v in p.no_recompute:
+            lines.append(f"  source -> {name}.in  inf  cannot be recomputed: {p.no_recompute[v]}")
+        if v in p.no_save:
+            lines.append(f"  {name}.in -> {name}.out  inf  cannot be saved: {p.no_save[v]}")
+        else:
+            lines.append(f"  {name}.in -> {name}.out  {p.cost[v]}  bytes if saved")
+        for u in p.inputs[v]:
+            lines.append(f"  {p.name(u)}.out -> {name}.in  inf  data")
+        if v in p.needed:
+            lines.append(f"  {name}.out -> sink  inf  the backward reads it")
+    if chain:
+        lines.append("conflict (every edge on this path is infinite):")
+        lines += [f"  {p.name(v)}: {why}" for v, why in chain]
+    return "\n".join(lines)

@@ -60,3 +60,15 @@ def assert_same_training(make_model, inputs, backend, *, steps=1, lr=0.0, atol=N
         assert ka == kb
         torch.testing.assert_close(a, b, **tol)
     return rm
+
+
+@pytest.fixture(scope="session")
+def report_plan():
+    """The plan of ``tests/report_model.py:factory`` (planned once per session)."""
+    import remat
+
+    from .report_model import factory
+
+    torch._dynamo.reset()
+    model, args = factory()
+    return remat.explain(model, *args)
