@@ -14,6 +14,7 @@ It also builds the torch-free :class:`remat.solver.Problem` from per-op decision
 from __future__ import annotations
 
 import operator
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -111,9 +112,13 @@ def _module_path(node: fx.Node) -> str:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def _source(node: fx.Node) -> str:
+    """``file:line`` of the innermost user frame (remat's own wrapper frames skipped)."""
     trace = node.meta.get("stack_trace") or ""
-    frames = _FRAME.findall(trace)
+    frames = [f for f in _FRAME.findall(trace) if os.path.dirname(os.path.abspath(f[0])) != _OWN_DIR]
     if not frames:
         return ""
     file, line = frames[-1]
