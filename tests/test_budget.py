@@ -1,0 +1,204 @@
+"""Budgets, the frontier, and the peak simulator against measured memory."""
+
+import copy
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import remat
+from remat import compat, workloads
+from remat.budget import parse_budget
+from remat.frontier import best_within_bytes, hull
+from remat.solver import ConflictError, Problem
+
+scipy_optimize = pytest.importorskip("scipy.optimize")
+
+
+# --- the frontier against an ILP oracle ------------------------------------------------------
+
+def random_problem(rng: random.Random, n: int) -> Problem:
+    inputs = []
+    for v in range(n):
+        k = rng.randint(0, min(v, 3))
+        inputs.append(tuple(sorted(rng.sample(range(v), k))))
+    cost = tuple(rng.choice([1, 2, 4, 8, 16, 64]) for _ in range(n))
+    needed = frozenset(rng.sample(range(n), rng.randint(1, max(1, n // 3))))
+    no_recompute = {v: "input" for v in range(n) if not inputs[v]}
+    no_save = {v: "view" for v in range(n) if inputs[v] and rng.random() < 0.1}
+    rc = tuple(0.0 if (not inputs[v] or rng.random() < 0.2) else rng.choice([0.1, 0.5, 1, 3, 10])
+               for v in range(n))
+    return Problem(tuple(inputs), cost, needed, no_recompute, no_save, recompute_cost=rc)
+
+
+def ilp(p: Problem, weight: float | None = None, budget: int | None = None) -> float | None:
+    """min bytes + weight * time, or min time s.t. bytes <= budget. Variables: s_v (saved),
+    r_v (recomputed); needed values are saved or recomputed; a recomputed value's inputs are
+    saved or recomputed."""
+    n = p.n
+    c = np.zeros(2 * n)
+    if weight is not None:
+        c[:n] = p.cost
+        c[n:] = [weight * t for t in p.recompute_cost]
+    else:
+        c[n:] = p.recompute_cost
+    rows, lo, hi = [], [], []
+    for v in p.needed:
+        r = np.zeros(2 * n)
+        r[v] = r[n + v] = 1
+        rows.append(r), lo.append(1), hi.append(np.inf)
+    for v in range(n):
+        for u in p.inputs[v]:
+            r = np.zeros(2 * n)
+            r[n + v], r[u], r[n + u] = 1, -1, -1
+            rows.append(r), lo.append(-np.inf), hi.append(0)
+    if budget is not None:
+        r = np.zeros(2 * n)
+        r[:n] = p.cost
+        rows.append(r), lo.append(-np.inf), hi.append(budget)
+    ub = np.ones(2 * n)
+    for v in p.no_recompute:
+        ub[n + v] = 0
+    for v in p.no_save:
+        ub[v] = 0
+    res = scipy_optimize.milp(c, constraints=scipy_optimize.LinearConstraint(np.array(rows), lo, hi),
+                              integrality=np.ones(2 * n), bounds=scipy_optimize.Bounds(np.zeros(2 * n), ub))
+    return res.fun if res.success else None
+
+
+def test_frontier_vertices_and_budget_queries_match_ilp():
+    rng = random.Random(0)
+    graphs = vertices = queries = 0
+    for _ in range(100):
+        p = random_problem(rng, rng.randint(5, 40))
+        try:
+            vs = hull(p)
+        except ConflictError:
+            continue
+        graphs += 1
+        for s in vs:  # each vertex is optimal for the weight it was found at
+            if s.weight is None:
+                continue
+            ref = ilp(p, weight=s.weight)
+            assert s.cost + s.weight * s.time == pytest.approx(ref, rel=1e-6, abs=1e-9)
+            vertices += 1
+        budgets = sorted({s.cost for s in vs}) + [(vs[0].cost + vs[-1].cost) // 2]
+        for b in budgets:
+            ref = ilp(p, budget=b)
+            got = best_within_bytes(p, vs, b)
+            if ref is None:
+                continue
+            assert got is not None and got.cost <= b
+            assert got.time <= ref * 1.03 + 1e-12, (b, got, ref)
+            queries += 1
+    assert graphs >= 90 and vertices >= 200 and queries >= 300
+
+
+# --- budgets on the workloads ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_budget_sweep_is_monotone(name):
+    model, x = workloads.build(name, "medium")
+    frontier = remat.pareto(model, x)
+    peaks = sorted({p.predicted_peak_bytes for p in frontier.points})
+    lo, hi = peaks[0], int(frontier.eager_peak_bytes * 1.2)
+    last_peak, last_time = None, None
+    for b in np.linspace(hi, lo, 20).astype(int):
+        torch._dynamo.reset()
+        plan = remat.explain(model, x, budget=int(b))
+        assert plan.predicted_peak_bytes <= b
+        if last_peak is not None:
+            assert plan.predicted_peak_bytes <= last_peak
+            assert plan.recompute_seconds >= last_time
+        last_peak, last_time = plan.predicted_peak_bytes, plan.recompute_seconds
+    with pytest.raises(remat.InfeasibleBudgetError, match=r"^remat: no plan fits .*smallest predicted peak"):
+        remat.explain(model, x, budget=lo - 1)
+
+
+def measured_peak(model, x):
+    """Peak bytes allocated during one step on CPU (profiler allocation trace; see compat)."""
+    out = model(x)
+    out.backward(torch.ones_like(out))  # compile first
+    x.grad = None
+    for p in model.parameters():
+        p.grad = None
+
+    def step():
+        out = model(x)
+        out.backward(torch.randn_like(out))
+
+    return compat.measure_cpu_peak_bytes(step)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_predicted_peak_matches_measured(name, fraction):
+    model, x = workloads.build(name, "medium")
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=fraction)
+    try:
+        measured = measured_peak(rm, x)
+    except remat.InfeasibleBudgetError as e:
+        # Infeasible budgets must say what is feasible, and that must really be larger.
+        assert "smallest predicted peak" in str(e)
+        assert remat.pareto(model, x).points and fraction < 1.0
+        return
+    (plan,) = remat.compiled_plans(rm)
+    assert plan.budget_bytes is not None and plan.predicted_peak_bytes <= plan.budget_bytes
+    assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured
+
+
+def test_default_plan_predicted_peak_matches_measured():
+    for name in workloads.WORKLOADS:
+        model, x = workloads.build(name, "medium")
+        rm = remat.checkpoint(copy.deepcopy(model), backend="eager")
+        measured = measured_peak(rm, x)
+        (plan,) = remat.compiled_plans(rm)
+        assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured, name
+
+
+def test_budget_may_recompute_matmuls_but_never_random_ops():
+    def f(x, w):
+        h = torch.nn.functional.dropout(x @ w, 0.5)
+        return (h @ w).tanh()
+
+    x = torch.randn(64, 64, requires_grad=True)
+    w = torch.randn(64, 64, requires_grad=True)
+    frontier = remat.pareto(remat.checkpoint(f, backend="eager"), x, w)
+    low = frontier.points[-1]
+    assert "aten.mm.default" in low.recompute_counts()  # matmuls give way under pressure
+    for p in frontier.points:
+        assert not any(op.startswith(("aten.rand", "aten.bernoulli", "aten.native_dropout"))
+                       for op in p.recomputed_ops)
+
+
+def test_frontier_table_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    model, x = workloads.build("mlp")
+    frontier = remat.pareto(model, x)
+    text = str(frontier)
+    assert text.startswith("remat frontier:") and "predicted peak" in text
+    path = frontier.plot(str(tmp_path / "f.png"))
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# --- bad budgets -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, why", [
+    (-5, "bytes must be positive"),
+    (0, "bytes must be positive"),
+    (1.5, "must lie in \\(0, 1\\]"),
+    ("lots", "unparsable"),
+    ([1, 2], "a list is not a budget"),
+    (True, "a bool is not a budget"),
+])
+def test_bad_budget(bad, why):
+    with pytest.raises(remat.RematError, match=rf"^remat: budget must be .*got .*{why}.*Example"):
+        remat.checkpoint(torch.nn.Linear(2, 2), budget=bad)
+
+
+def test_budget_strings():
+    assert parse_budget("6GiB").nbytes == 6 * 2**30
+    assert parse_budget("800MB").nbytes == 800 * 10**6
+    assert parse_budget("1.5 gb").nbytes == 1_500_000_000
+    assert parse_budget(0.5).fraction == 0.5
