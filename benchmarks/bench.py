@@ -27,7 +27,9 @@ import torch.utils.checkpoint as tuc
 import remat
 from remat import workloads
 
-VARIANTS = ("eager", "eager+ckpt", "compile", "compile budget 0.5", "compile+ckpt", "remat")
+VARIANTS = ("eager", "eager+ckpt", "compile", "compile budget 0.5", "compile+ckpt", "remat",
+            "remat budget 75%", "remat budget 50%", "remat budget 25%", "remat @ ckpt peak",
+            "remat eager-backend")
 
 
 class CheckpointEach(nn.Module):
@@ -43,8 +45,10 @@ class CheckpointEach(nn.Module):
         return x
 
 
-def make_variant(name: str, model: nn.Module) -> tuple[Callable, Callable | None]:
-    """(callable, context factory for its first calls) for a variant."""
+def make_variant(name: str, model: nn.Module, ckpt_peak: int | None = None) -> tuple[Callable, Callable | None]:
+    """(callable, context factory for its first calls) for a variant. Remat budgets in % are
+    fractions of remat's predicted eager peak; "@ ckpt peak" is eager + checkpoint's measured
+    peak in this run."""
     if name == "eager":
         return model, None
     if name == "eager+ckpt":
@@ -57,6 +61,14 @@ def make_variant(name: str, model: nn.Module) -> tuple[Callable, Callable | None
         return torch.compile(CheckpointEach(model)), None
     if name == "remat":
         return remat.checkpoint(model), None
+    if name == "remat eager-backend":
+        return remat.checkpoint(model, backend="eager"), None
+    if name.startswith("remat budget "):
+        return remat.checkpoint(model, budget=int(name.split()[-1].rstrip("%")) / 100), None
+    if name == "remat @ ckpt peak":
+        if not ckpt_peak:
+            raise RuntimeError("needs the eager+ckpt row measured first (on a GPU)")
+        return remat.checkpoint(model, budget=int(ckpt_peak)), None
     raise ValueError(name)
 
 
@@ -82,9 +94,31 @@ def rel_error(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return num / max(den, 1e-30)
 
 
-def measure(name, base, x, device, warmup, iters, ref_grads):
+def projected_grads(fn, model, x, r):
+    """Gradients of the well-conditioned loss (y * r).sum() for a fixed random r."""
+    for p in model.parameters():
+        p.grad = None
+    x.grad = None
+    (fn(x).float() * r).sum().backward()
+    return grads(model, x)
+
+
+def peak_of_backward_step(fn, x) -> int:
+    """Peak bytes of out = fn(x); out.backward(g) with g allocated after the forward: the step
+    remat's peak prediction describes (no loss computation)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(x)
+    out.backward(torch.randn_like(out))
+    del out
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def measure(name, base, x, device, warmup, iters, ref_grads, ckpt_peak=None, r=None):
     model = copy.deepcopy(base)
-    fn, ctx = make_variant(name, model)
+    fn, ctx = make_variant(name, model, ckpt_peak)
     t0 = time.perf_counter()
     if ctx is not None:
         with ctx():
@@ -96,7 +130,8 @@ def measure(name, base, x, device, warmup, iters, ref_grads):
     for _ in range(warmup - 1):
         step(fn, model, x)
     sync(device)
-    err = rel_error(grads(model, x), ref_grads) if ref_grads is not None else 0.0
+    proj = projected_grads(fn, model, x, r)
+    err = rel_error(proj, ref_grads) if ref_grads is not None else 0.0
     times = []
     for _ in range(iters):
         if device.type == "cuda":
@@ -123,15 +158,20 @@ def measure(name, base, x, device, warmup, iters, ref_grads):
         peak = torch.cuda.max_memory_allocated() - before
     row = {"variant": name, "ms": statistics.median(times), "peak_mib": peak / 2**20,
            "compile_s": compile_s, "grad_rel_err": err}
-    if name == "remat":
+    if name.startswith("remat"):
         plans = remat.compiled_plans(fn)
         row["plan_saved_mib"] = sum(p.saved_bytes for p in plans) / 2**20
         row["plan_eager_saved_mib"] = sum(p.eager_saved_bytes for p in plans) / 2**20
         row["fallback"] = [p.fallback for p in plans if p.fallback]
         row["graphs_planned"] = len(plans)
-    grads_out = grads(model, x)
+        row["predicted_peak_mib"] = sum(p.predicted_peak_bytes for p in plans) / 2**20
+        if device.type == "cuda":
+            for p in model.parameters():
+                p.grad = None
+            x.grad = None
+            row["measured_step_peak_mib"] = peak_of_backward_step(fn, x) / 2**20
     del model, fn
-    return row, grads_out
+    return row, proj
 
 
 def roofline(device) -> dict:
@@ -201,13 +241,16 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=len(args.workloads) * len(args.variants), desc="bench")
     for wl in args.workloads:
         base, x = workloads.build(wl, args.size, dtype=dtype, device=device)
-        rows, ref = [], None
+        rows, ref, ckpt_peak = [], None, None
+        r = torch.randn(x.shape, device=device, generator=torch.Generator(device).manual_seed(1))
         for name in args.variants:
             bar.set_postfix_str(f"{wl}: {name}")
             try:
-                row, g = measure(name, base, x, device, args.warmup, args.iters, ref)
+                row, g = measure(name, base, x, device, args.warmup, args.iters, ref, ckpt_peak, r)
                 if name == "eager":
                     ref = g
+                if name == "eager+ckpt":
+                    ckpt_peak = row["peak_mib"] * 2**20
             except Exception as e:  # keep going; the table shows the failure
                 row = {"variant": name, "error": f"{type(e).__name__}: {e}"[:500]}
             rows.append(row)
@@ -233,19 +276,22 @@ def main(argv: list[str] | None = None) -> None:
 def markdown(results: dict) -> str:
     lines = [f"device: {results['device']}, torch {results['torch']}, {results['dtype']}, size {results['size']}",
              "", "| workload | variant | ms | peak act. MiB | x compile time | x compile mem | compile s | "
-             "x floor | grad rel err | plan saved MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "x floor | grad rel err | plan saved MiB | predicted / measured step peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for wl, data in results["workloads"].items():
         comp = next((r for r in data["rows"] if r["variant"] == "compile" and "ms" in r), None)
         for r in data["rows"]:
             if "error" in r:
-                lines.append(f"| {wl} | {r['variant']} | error: {r['error'][:80]} |||||||| ")
+                lines.append(f"| {wl} | {r['variant']} | error: {r['error'][:120]} |||||||||")
                 continue
             rt = f"{r['ms'] / comp['ms']:.3f}" if comp else "-"
             rm = f"{r['peak_mib'] / comp['peak_mib']:.3f}" if comp and comp["peak_mib"] else "-"
             xf = f"{r['x_floor']:.2f}" if "x_floor" in r else "-"
             ps = f"{r['plan_saved_mib']:.0f}" if "plan_saved_mib" in r else ""
+            pm = (f"{r['predicted_peak_mib']:.0f} / {r['measured_step_peak_mib']:.0f}"
+                  if "measured_step_peak_mib" in r else "")
             lines.append(f"| {wl} | {r['variant']} | {r['ms']:.2f} | {r['peak_mib']:.0f} | {rt} | {rm} | "
-                         f"{r['compile_s']:.1f} | {xf} | {r['grad_rel_err']:.1e} | {ps} |")
+                         f"{r['compile_s']:.1f} | {xf} | {r['grad_rel_err']:.1e} | {ps} | {pm} |")
     return "\n".join(lines)
 
 
