@@ -112,13 +112,13 @@ def _module_path(node: fx.Node) -> str:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_WRAPPER_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), f) for f in ("api.py", "capture.py")}
 
 
 def _source(node: fx.Node) -> str:
     """``file:line`` of the innermost user frame (remat's own wrapper frames skipped)."""
     trace = node.meta.get("stack_trace") or ""
-    frames = [f for f in _FRAME.findall(trace) if os.path.dirname(os.path.abspath(f[0])) != _OWN_DIR]
+    frames = [f for f in _FRAME.findall(trace) if os.path.abspath(f[0]) not in _WRAPPER_FILES]
     if not frames:
         return ""
     file, line = frames[-1]
