@@ -21,8 +21,13 @@ from torch._functorch import config as functorch_config  # 2.11, 2.13
 from torch._functorch import partitioners as _partitioners  # 2.11, 2.13
 from torch._inductor import config as inductor_config  # 2.11, 2.13
 from torch._inductor.decomposition import select_decomp_table  # noqa: F401  (2.11, 2.13)
+from torch._ops import HigherOrderOperator, OpOverload  # noqa: F401  (op classes; 2.11, 2.13)
+from torch.utils._pytree import tree_leaves  # noqa: F401  (2.11, 2.13)
 
 __all__ = [
+    "OpOverload",
+    "HigherOrderOperator",
+    "tree_leaves",
     "aot_autograd",
     "select_decomp_table",
     "make_boxed_func",

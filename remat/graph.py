@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from . import cost
+from . import compat, cost
 from .peak import Schedule
 from .policy import OpInfo
 from .solver import Problem
@@ -82,9 +82,9 @@ def op_name(node: fx.Node) -> str:
     t = node.target
     if node.op != "call_function":
         return ""
-    if isinstance(t, torch._ops.OpOverload):
+    if isinstance(t, compat.OpOverload):
         return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
-    if isinstance(t, torch._ops.HigherOrderOperator):
+    if isinstance(t, compat.HigherOrderOperator):
         return f"higher_order.{t.name()}"
     if t is operator.getitem:
         return "getitem"
@@ -187,7 +187,7 @@ def _is_tangent(node: fx.Node) -> bool:
 
 def _fwd_bwd_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
     out = gm.graph.find_nodes(op="output")[0]
-    args = list(torch.utils._pytree.tree_leaves(out.args))
+    args = list(compat.tree_leaves(out.args))
     return args[:num_fwd_outputs], args[num_fwd_outputs:]
 
 
@@ -199,7 +199,7 @@ def _flags(node: fx.Node, op: str) -> dict:
     t = node.target
     packet = _packet(op)
     flags = {}
-    if isinstance(t, torch._ops.OpOverload):
+    if isinstance(t, compat.OpOverload):
         schema = t._schema
         rets = schema.returns
         flags["is_view"] = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
@@ -225,7 +225,7 @@ def _flags(node: fx.Node, op: str) -> dict:
 
 def _attention_dropout(node: fx.Node) -> float:
     t = node.target
-    if not isinstance(t, torch._ops.OpOverload):
+    if not isinstance(t, compat.OpOverload):
         return 0.0
     for i, arg in enumerate(t._schema.arguments):
         if arg.name == "dropout_p":
@@ -448,11 +448,11 @@ def view_root(node: fx.Node) -> fx.Node:
         t = node.target
         if t is operator.getitem and isinstance(node.args[0], fx.Node):
             parent = node.args[0].target
-            if isinstance(parent, torch._ops.OpOverload) and _returns_alias(parent):
+            if isinstance(parent, compat.OpOverload) and _returns_alias(parent):
                 node = node.args[0].args[0]
                 continue
             return node
-        is_view = isinstance(t, torch._ops.OpOverload) and _returns_alias(t)
+        is_view = isinstance(t, compat.OpOverload) and _returns_alias(t)
         if is_view and node.args and isinstance(node.args[0], fx.Node):
             node = node.args[0]
             continue
@@ -460,7 +460,7 @@ def view_root(node: fx.Node) -> fx.Node:
     return node
 
 
-def _returns_alias(t: torch._ops.OpOverload) -> bool:
+def _returns_alias(t: compat.OpOverload) -> bool:
     rets = t._schema.returns
     return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
 

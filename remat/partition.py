@@ -47,7 +47,7 @@ def _hashable(x: Any) -> Any:
 
 def _impure(node: fx.Node) -> bool:
     t = node.target
-    if isinstance(t, torch._ops.OpOverload):
+    if isinstance(t, compat.OpOverload):
         return (t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags
                 or t.namespace in ("_c10d_functional", "c10d_functional", "c10d"))
     return t is not operator.getitem
