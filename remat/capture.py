@@ -45,7 +45,7 @@ class RematBackend:
                     fw_compiler=_run_uncompiled,
                     bw_compiler=_run_uncompiled,
                     partition_fn=partition,
-                    decompositions=compat.select_decomp_table(),
+                    decompositions=compat.eager_decompositions(),
                 )
                 with compat.no_autograd_cache():
                     return lower(gm, example_inputs)

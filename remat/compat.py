@@ -26,12 +26,34 @@ __all__ = [
     "aot_autograd",
     "select_decomp_table",
     "make_boxed_func",
+    "eager_decompositions",
     "extract_fwd_bwd",
     "default_partition",
     "compile_fx",
     "inductor_partitioner",
     "register_backend",
 ]
+
+# Note [Eager RNG order]
+# Inductor's decomposition table rewrites random ops (dropout into ``rand_like < p``, bernoulli,
+# randn_like...) into forms that draw from the generator differently from the eager kernels:
+# with the same seed they give different masks. The uncompiled backend keeps these ops whole,
+# so the partitioned forward runs the same random kernels as eager autograd, in program order,
+# and with the same seed its losses and gradients equal eager's. Ops that are random only
+# optionally (attention and RNN layers with dropout) keep their decompositions.
+_OPTIONALLY_RANDOM = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                                "rnn_tanh", "rnn_relu", "lstm", "gru"})
+
+
+def eager_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decompositions (``select_decomp_table``: 2.11, 2.13) minus those of random
+    ops. See Note [Eager RNG order]."""
+    return {
+        op: fn for op, fn in select_decomp_table().items()
+        if not (isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
+                and op._schema.name.split("::")[-1] not in _OPTIONALLY_RANDOM)
+    }
+
 
 def run_uncompiled(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
     """A boxed callable that runs ``gm`` op by op and drops each input (a saved activation, say)
