@@ -143,6 +143,22 @@ def register_backend(name: str, fn: Callable[..., Any]) -> None:
         _register_backend(compiler_fn=fn, name=name)
 
 
+def size_hint(x: torch.SymInt) -> int:
+    """A concrete value for a symbolic size, for cost estimates only (adds no guard): the example
+    input's size for backed sizes; for unbacked ones (rows of ``nonzero``), the shape
+    environment's optimization hint (2.13) or Inductor's ``unbacked_symint_fallback`` (2.11, 2.13)."""
+    node = x.node
+    h = getattr(node, "hint", None)
+    if h is not None:
+        return int(h)
+    fallback = int(getattr(inductor_config, "unbacked_symint_fallback", 8192))
+    env = node.shape_env
+    if hasattr(env, "optimization_hint"):  # 2.13
+        return int(env.optimization_hint(node.expr, fallback=fallback))
+    h = env.size_hint(node.expr, allow_none=True)  # 2.11
+    return int(h) if h is not None else fallback
+
+
 def is_sym(val: object) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
 

@@ -1,20 +1,20 @@
-"""Bytes of values, from fake-tensor metadata. Symbolic sizes use their size hints."""
+"""Bytes of values, from fake-tensor metadata. Symbolic sizes use their size hints (the sizes
+of the example inputs Dynamo traced with), never guards: a plan stays valid for every size."""
 
 from __future__ import annotations
 
 import torch
 
+from . import compat
+
 __all__ = ["hint", "numel", "nbytes", "shape", "dtype_name"]
 
 
 def hint(x: object) -> int:
-    """A concrete int for an int or a SymInt (its size hint)."""
+    """A concrete int for an int or a SymInt: its size hint (the example input's size), or a
+    fallback for data-dependent sizes (see ``compat.size_hint``)."""
     if isinstance(x, torch.SymInt):
-        node = x.node
-        h = getattr(node, "hint", None)
-        if h is not None:
-            return int(h)
-        return int(node.shape_env.size_hint(node.expr))
+        return compat.size_hint(x)
     return int(x)  # type: ignore[call-overload]
 
 
