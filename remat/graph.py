@@ -305,6 +305,9 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
         nbytes = 0 if role == "parameter" else cost.nbytes(val)
         if isinstance(val, (tuple, list)):
             nbytes = 0  # multi-output op: its getitems carry the bytes
+        root = view_root(n) if n.op == "call_function" else n
+        if root is not n and root in index:
+            nbytes = costs[index[root]]  # a saved view keeps its base's whole storage alive
         facts.append(NodeFacts(
             name=n.name, op=op_names[n], shape=cost.shape(val), dtype=cost.dtype_name(val),
             nbytes=nbytes, module=_module_path(n), source=_source(n), role=role))
