@@ -159,6 +159,24 @@ def size_hint(x: torch.SymInt) -> int:
     return int(h) if h is not None else fallback
 
 
+def graph_break(gm: fx.GraphModule) -> str | None:
+    """``"file.py:12 (why)"`` if Dynamo ended this graph at a graph break, else None. Dynamo sets
+    ``compile_subgraph_reason`` (a ``GraphCompileReason``) on the graph module it hands to the
+    backend (2.13; read defensively)."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    why = (str(getattr(reason, "reason", "")).strip().splitlines() or ["unknown reason"])[0]
+    stack = getattr(reason, "user_stack", None) or []
+    where = f"{stack[-1].filename.rsplit('/', 1)[-1]}:{stack[-1].lineno}" if stack else "unknown location"
+    return f"{where} ({why[:120]})"
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """``torch.utils._pytree.tree_leaves``: 2.11, 2.13."""
+    return torch.utils._pytree.tree_leaves(tree)
+
+
 def is_sym(val: object) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
