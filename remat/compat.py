@@ -99,15 +99,28 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
-    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13."""
+    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13. Its
+    ``config_patches`` also apply to the backward, which AOTAutograd compiles later, at the first
+    backward call. Low-precision casts are kept: see Note [Recompute precision]."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
 
-    return _compile_fx(gm, example_inputs)
+    patches = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
+    return _compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def no_autograd_cache() -> Any:
     """Turn off the AOTAutograd cache (its key ignores the partitioner). 2.11, 2.13."""
     return functorch_config.patch(enable_autograd_cache=False)
+
+
+# Note [Recompute precision]
+# A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
+# (it keeps the fp32 value), but a value the forward saves is stored rounded. A backward that
+# recomputes the chain in another fusion then sees other bits than the forward's, and remat's
+# gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
+# (2.11, 2.13) keeps every cast that eager autocast performs, so a recomputed value equals the
+# forward's bit for bit (tests/test_training_conditions.py checks it against a plan that
+# recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
 
 
 @contextlib.contextmanager
