@@ -98,6 +98,16 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     return _partitioners.default_partition(joint, joint_inputs, **kwargs)
 
 
+# Note [Recompute precision]
+# A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
+# (it keeps the fp32 value), but a value the forward saves is stored rounded. A backward that
+# recomputes the chain in another fusion then sees other bits than the forward's, and remat's
+# gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
+# (2.11, 2.13) keeps every cast that eager autocast performs, so a recomputed value equals the
+# forward's bit for bit (tests/test_training_conditions.py checks it against a plan that
+# recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
+
+
 def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13. Its
     ``config_patches`` also apply to the backward, which AOTAutograd compiles later, at the first
@@ -111,16 +121,6 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
 def no_autograd_cache() -> Any:
     """Turn off the AOTAutograd cache (its key ignores the partitioner). 2.11, 2.13."""
     return functorch_config.patch(enable_autograd_cache=False)
-
-
-# Note [Recompute precision]
-# A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
-# (it keeps the fp32 value), but a value the forward saves is stored rounded. A backward that
-# recomputes the chain in another fusion then sees other bits than the forward's, and remat's
-# gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
-# (2.11, 2.13) keeps every cast that eager autocast performs, so a recomputed value equals the
-# forward's bit for bit (tests/test_training_conditions.py checks it against a plan that
-# recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
 
 
 @contextlib.contextmanager
