@@ -29,7 +29,7 @@ from remat.options import Options
 from remat.partition import make_partition_fn
 from remat.solver import ConflictError, Problem, brute_force, recompute_closure, solve
 
-MODULE_CASES = 30
+MODULE_CASES = 320
 C, L = 4, 6  # channels and length of the (batch, C, L) activations
 
 # --- 1. random modules ---------------------------------------------------------------------------
