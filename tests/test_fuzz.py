@@ -1,9 +1,11 @@
 """Fuzzing (issue 4).
 
 1. Random modules (linear, conv, norms, pointwise chains, residuals, dropout, views, in-place
-   ops, reused parameters) trained one step with remat (uncompiled backend) and with eager
-   autograd from the same seed: outputs, every gradient and every buffer must match, and no
-   graph may fall back. ``MODULE_CASES`` cases run in CI (hypothesis, derandomized).
+   ops, reused parameters) trained one step from the same seed with remat (uncompiled backend),
+   with a plan that recomputes nothing, and with eager autograd: outputs, every gradient and
+   every buffer of remat must equal the recompute-nothing plan's bit for bit and eager's up to
+   float32 rounding, and no graph may fall back. ``MODULE_CASES`` cases run in CI
+   (hypothesis, derandomized).
 2. Random constraint combinations for the solver: a random problem either gets a valid plan
    of minimum cost or a ``ConflictError`` exactly when no valid plan exists, and random user
    policies on a real joint graph always give a plan or a ``RematError``: never a raw
@@ -84,10 +86,10 @@ class Fuzzed(nn.Module):
 
     def forward(self, x):
         for layer, (kind, chain, p, variant) in zip(self.layers, self.spec):
-            x = self._apply(layer, kind, chain, p, variant, x)
+            x = self._layer(layer, kind, chain, p, variant, x)
         return x
 
-    def _apply(self, layer, kind, chain, p, variant, x):
+    def _layer(self, layer, kind, chain, p, variant, x):
         if kind in ("linear", "conv", "layernorm", "batchnorm", "groupnorm"):
             return layer(x)
         if kind == "rmsnorm":
@@ -135,6 +137,7 @@ class Fuzzed(nn.Module):
 
 
 def one_step(model, x, seed):
+    """Output, input gradient, parameter gradients and buffers after one step from ``seed``."""
     torch.manual_seed(seed)
     for q in model.parameters():
         q.grad = None
@@ -142,28 +145,42 @@ def one_step(model, x, seed):
     out = model(x)
     loss = out.float().square().mean() + out.float().sum() * 0.1
     loss.backward()
-    return out.detach(), x.grad, {n: q.grad for n, q in model.named_parameters()}
+    grads = {n: q.grad for n, q in model.named_parameters()}
+    return {"output": out.detach(), "input grad": x.grad, **grads,
+            **{f"buffer {n}": b.clone() for n, b in model.named_buffers()}}
+
+
+def compare(got, want, spec, exact):
+    assert got.keys() == want.keys()
+    for k, b in want.items():
+        a = got[k]
+        if b is None or a is None:
+            assert a is None and b is None, (k, spec)
+        elif exact:
+            assert torch.equal(a, b), f"{k} of {spec}: max diff {(a - b).abs().max().item():.3g}"
+        else:  # float32 rounding of two different programs; scaled by the gradient's size
+            atol = 2e-4 * max(1.0, b.abs().max().item()) if b.is_floating_point() else 0
+            torch.testing.assert_close(a, b, atol=atol, rtol=1e-3, msg=lambda m, k=k: f"{k} of {spec}: {m}")
 
 
 def check_module(spec, seed=0):
-    torch._dynamo.reset()
+    """The remat plan must equal, bit for bit, a plan that saves everything and recomputes
+    nothing (same capture and decompositions): recompute may not change a single value. Both
+    must match eager autograd up to float32 rounding (AOTAutograd's decomposed backward formulas
+    round differently from eager's kernels)."""
     torch.manual_seed(seed)
     model = Fuzzed(spec)
-    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", strict=True)
     x = torch.randn(2, C, L)
-    ref, got = one_step(model, x, seed + 1), one_step(rm, x, seed + 1)
-    tol = {"atol": 1e-5, "rtol": 1e-4}
-    torch.testing.assert_close(got[0], ref[0], **tol, msg=lambda m: f"output of {spec}: {m}")
-    torch.testing.assert_close(got[1], ref[1], **tol, msg=lambda m: f"input grad of {spec}: {m}")
-    for k, g in ref[2].items():
-        if g is None:
-            assert got[2][k] is None, (k, spec)
-        else:
-            torch.testing.assert_close(got[2][k], g, **tol, msg=lambda m, k=k: f"{k} of {spec}: {m}")
-    for (k, a), (_, b) in zip(rm.named_buffers(), model.named_buffers()):
-        torch.testing.assert_close(a, b, **tol, msg=lambda m, k=k: f"buffer {k} of {spec}: {m}")
-    plans = remat.compiled_plans(rm)
-    assert len(plans) == 1 and plans[0].fallback is None, (spec, [p.fallback for p in plans])
+    want = one_step(copy.deepcopy(model), x, seed + 1)
+    runs = {}
+    for name, policy in (("remat", None), ("keep-all", remat.save(ops="*"))):
+        torch._dynamo.reset()
+        rm = remat.checkpoint(copy.deepcopy(model), backend="eager", strict=True, policy=policy)
+        runs[name] = one_step(rm, x, seed + 1)
+        plans = remat.compiled_plans(rm)
+        assert len(plans) == 1 and plans[0].fallback is None, (spec, [p.fallback for p in plans])
+    compare(runs["remat"], runs["keep-all"], spec, exact=True)
+    compare(runs["remat"], want, spec, exact=False)
 
 
 COUNT = {"modules": 0}
