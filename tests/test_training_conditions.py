@@ -427,7 +427,7 @@ def source_line(marker):
     ("eager", ("print", "branch", "item"), 4),
     pytest.param("inductor", ("print",), 2, marks=[pytest.mark.inductor, pytest.mark.slow]),
 ])
-def test_graph_breaks_every_subgraph_planned_one_warning(backend, breaks, graphs, capsys):
+def test_graph_breaks_every_subgraph_planned_one_warning(backend, breaks, graphs):
     x = torch.randn(4, 8, requires_grad=True)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
