@@ -8,12 +8,14 @@ import dataclasses
 import functools
 import itertools
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
 
+from . import compat
 from .capture import RematBackend
 from .errors import RematError
 from .options import Options
@@ -60,6 +62,50 @@ def _entry(module: nn.Module) -> Callable[..., Any]:
     return types.FunctionType(code, run_module.__globals__, code.co_name, None, run_module.__closure__)
 
 
+def _no_double_backward(grad: torch.Tensor) -> None:
+    """A hook on each output: a backward that records a graph (``create_graph=True``) would
+    reach the compiled backward, which cannot itself be differentiated."""
+    if torch.is_grad_enabled():
+        raise RematError(
+            "remat: backward with create_graph=True (double backward, e.g. a gradient penalty) is "
+            "not supported through a remat-wrapped model: its compiled backward cannot be "
+            "differentiated again. Expected backward()/torch.autograd.grad without create_graph; "
+            "got create_graph=True. Compute higher-order gradients with the unwrapped model (it "
+            "shares the parameters) or torch.func."
+        )
+
+
+def _finish(rb: RematBackend, out: Any, stacklevel: int) -> Any:
+    """After a compiled training call: warn once about graph breaks (at the user's call,
+    ``stacklevel`` frames up), and guard the outputs against double backward."""
+    rb.warn_graph_breaks(stacklevel + 1)
+    for t in compat.tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None:  # not the user's leaves
+            t.register_hook(_no_double_backward)
+    return out
+
+
+def _turn_off_inner_checkpointing(model: nn.Module) -> None:
+    """Hugging Face models with ``model.gradient_checkpointing_enable()`` set a
+    ``gradient_checkpointing`` flag on their layers. remat decides what to recompute itself, so
+    the flags are turned off (on the modules, which the original model shares), with a warning."""
+    names = [name or type(model).__name__ for name, m in model.named_modules()
+             if getattr(m, "gradient_checkpointing", None) is True]
+    if not names:
+        return
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", None) is True:
+            m.gradient_checkpointing = False
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    warnings.warn(
+        f"remat: gradient checkpointing was enabled on {shown} (model.gradient_checkpointing_enable()); "
+        "remat chooses what to recompute itself, so it has been turned off on these modules (they "
+        "are shared with the original model). Call model.gradient_checkpointing_disable() before "
+        "remat.checkpoint to silence this warning.",
+        stacklevel=3,
+    )
+
+
 def checkpoint(
     model: T,
     *,
@@ -79,11 +125,16 @@ def checkpoint(
     planned by a bytes-weighted min-cut; ``remat.compiled_plans(wrapped)`` lists the plans.
     With ``budget`` (bytes, ``"6GiB"``, or a fraction of eager's peak) each graph takes the
     plan with the least estimated recompute whose predicted peak fits (``remat.budget``).
+
+    Warns once if Dynamo breaks the model into several graphs (each is planned on its own),
+    and turns off Hugging Face gradient checkpointing flags on the model, with a warning.
+    A backward with ``create_graph=True`` through the outputs raises ``RematError``.
     """
     options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
                       device_model=device_model)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
+        _turn_off_inner_checkpointing(model)
         wrapped = copy.copy(model)
         wrapped.__dict__[_ATTR] = rb
         compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic))
@@ -92,7 +143,7 @@ def checkpoint(
             # Eval mode runs the module as written: no joint graph is planned for inference.
             if not wrapped.training:
                 return wrapped._call_impl(*args, **kwargs)
-            return compiled(*args, **kwargs)
+            return _finish(rb, compiled(*args, **kwargs), 3)  # call <- Module.__call__ <- user
 
         wrapped.__dict__["_compiled_call_impl"] = call
         return wrapped
@@ -101,7 +152,7 @@ def checkpoint(
 
         @functools.wraps(model)
         def run(*args: Any, **kwargs: Any) -> Any:
-            return compiled(*args, **kwargs)
+            return _finish(rb, compiled(*args, **kwargs), 2)  # run <- user
 
         setattr(run, _ATTR, rb)
         return run  # type: ignore[return-value]

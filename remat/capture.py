@@ -3,6 +3,7 @@ partition function, then to the chosen lowering (Inductor or uncompiled)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch.fx as fx
@@ -33,6 +34,23 @@ class RematBackend:
         self.want_frontier = want_frontier
         self.plans: list[Plan] = []
         self.frontiers: list[tuple[Plan, ...] | None] = []
+        self.graph_breaks: list[str] = []
+        """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
+        self._warned_breaks = False
+
+    def warn_graph_breaks(self, stacklevel: int = 2) -> None:
+        """One warning per wrapped model listing its graph breaks, if it has any."""
+        if self._warned_breaks or not self.graph_breaks:
+            return
+        self._warned_breaks = True
+        warnings.warn(
+            f"remat: Dynamo broke the model into several graphs at {len(self.graph_breaks)} graph "
+            f"break(s): {'; '.join(self.graph_breaks)}. Each captured graph is planned on its own "
+            "(remat.compiled_plans lists them): nothing is recomputed across a break, and tensors "
+            "that cross it stay alive. Remove the breaks to plan the step as one graph "
+            "(torch._dynamo.explain(model)(*inputs) explains each).",
+            stacklevel=stacklevel + 1,
+        )
 
     def _sink(self, plan: Plan, frontier: tuple[Plan, ...] | None) -> None:
         self.plans.append(plan)
@@ -41,6 +59,9 @@ class RematBackend:
             raise _Planned()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        where = compat.graph_break(gm)
+        if where is not None and where not in self.graph_breaks:
+            self.graph_breaks.append(where)
         partition = make_partition_fn(self.options, self._sink, self.want_frontier)
         try:
             if self.options.backend == "eager":
@@ -48,7 +69,7 @@ class RematBackend:
                     fw_compiler=_run_uncompiled,
                     bw_compiler=_run_uncompiled,
                     partition_fn=partition,
-                    decompositions=compat.select_decomp_table(),
+                    decompositions=compat.eager_decompositions(),
                 )
                 with compat.no_autograd_cache():
                     return lower(gm, example_inputs)

@@ -31,12 +31,34 @@ __all__ = [
     "aot_autograd",
     "select_decomp_table",
     "make_boxed_func",
+    "eager_decompositions",
     "extract_fwd_bwd",
     "default_partition",
     "compile_fx",
     "inductor_partitioner",
     "register_backend",
 ]
+
+# Note [Eager RNG order]
+# Inductor's decomposition table rewrites random ops (dropout into ``rand_like < p``, bernoulli,
+# randn_like...) into forms that draw from the generator differently from the eager kernels:
+# with the same seed they give different masks. The uncompiled backend keeps these ops whole,
+# so the partitioned forward runs the same random kernels as eager autograd, in program order,
+# and with the same seed its losses and gradients equal eager's. Ops that are random only
+# optionally (attention and RNN layers with dropout) keep their decompositions.
+_OPTIONALLY_RANDOM = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                                "rnn_tanh", "rnn_relu", "lstm", "gru"})
+
+
+def eager_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decompositions (``select_decomp_table``: 2.11, 2.13) minus those of random
+    ops. See Note [Eager RNG order]."""
+    return {
+        op: fn for op, fn in select_decomp_table().items()
+        if not (isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
+                and op._schema.name.split("::")[-1] not in _OPTIONALLY_RANDOM)
+    }
+
 
 def run_uncompiled(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
     """A boxed callable that runs ``gm`` op by op and drops each input (a saved activation, say)
@@ -81,11 +103,24 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     return _partitioners.default_partition(joint, joint_inputs, **kwargs)
 
 
+# Note [Recompute precision]
+# A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
+# (it keeps the fp32 value), but a value the forward saves is stored rounded. A backward that
+# recomputes the chain in another fusion then sees other bits than the forward's, and remat's
+# gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
+# (2.11, 2.13) keeps every cast that eager autocast performs, so a recomputed value equals the
+# forward's bit for bit (tests/test_training_conditions.py checks it against a plan that
+# recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
+
+
 def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
-    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13."""
+    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13. Its
+    ``config_patches`` also apply to the backward, which AOTAutograd compiles later, at the first
+    backward call. Low-precision casts are kept: see Note [Recompute precision]."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
 
-    return _compile_fx(gm, example_inputs)
+    patches = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
+    return _compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def no_autograd_cache() -> Any:
@@ -124,6 +159,37 @@ def register_backend(name: str, fn: Callable[..., Any]) -> None:
 
     if name not in _BACKENDS:
         _register_backend(compiler_fn=fn, name=name)
+
+
+def size_hint(x: torch.SymInt) -> int:
+    """A concrete value for a symbolic size, for cost estimates only (adds no guard): the example
+    input's size for backed sizes; for unbacked ones (rows of ``nonzero``), the shape
+    environment's optimization hint (2.13) or Inductor's ``unbacked_symint_fallback`` (2.11, 2.13)."""
+    node = x.node
+    h = getattr(node, "hint", None)
+    if h is not None:
+        return int(h)
+    fallback = int(getattr(inductor_config, "unbacked_symint_fallback", 8192))
+    env = node.shape_env
+    if hasattr(env, "optimization_hint"):  # 2.13
+        return int(env.optimization_hint(node.expr, fallback=fallback))
+    h = env.size_hint(node.expr, allow_none=True)  # 2.11
+    return int(h) if h is not None else fallback
+
+
+def graph_break(gm: fx.GraphModule) -> str | None:
+    """``"file.py:12 (why)"`` if Dynamo ended this graph at a graph break, else None. Dynamo sets
+    ``compile_subgraph_reason`` (a ``GraphCompileReason``) on the graph module it hands to the
+    backend (2.13; read defensively)."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    why = (str(getattr(reason, "reason", "")).strip().splitlines() or ["unknown reason"])[0]
+    stack = getattr(reason, "user_stack", None) or []
+    where = f"{stack[-1].filename.rsplit('/', 1)[-1]}:{stack[-1].lineno}" if stack else "unknown location"
+    return f"{where} ({why[:120]})"
+
+
 
 
 def is_sym(val: object) -> bool:

@@ -1,5 +1,6 @@
-"""Bytes and recompute costs of values, from fake-tensor metadata (symbolic sizes use their
-size hints), and the roofline device model behind recompute-time estimates."""
+"""Bytes and recompute costs of values, from fake-tensor metadata, and the roofline device model
+behind recompute-time estimates. Symbolic sizes use their size hints (the sizes of the example
+inputs Dynamo traced with), never guards: a plan stays valid for every size."""
 
 from __future__ import annotations
 
@@ -7,18 +8,17 @@ from dataclasses import dataclass
 
 import torch
 
+from . import compat
+
 __all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "DeviceModel", "H200", "CPU",
            "DEVICE_MODELS", "flops", "recompute_seconds"]
 
 
 def hint(x: object) -> int:
-    """A concrete int for an int or a SymInt (its size hint)."""
+    """A concrete int for an int or a SymInt: its size hint (the example input's size), or a
+    fallback for data-dependent sizes (see ``compat.size_hint``)."""
     if isinstance(x, torch.SymInt):
-        node = x.node
-        h = getattr(node, "hint", None)
-        if h is not None:
-            return int(h)
-        return int(node.shape_env.size_hint(node.expr))
+        return compat.size_hint(x)
     return int(x)  # type: ignore[call-overload]
 
 

@@ -292,6 +292,11 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     # Every output of a multi-output forward op (an attention's logsumexp, say) is forward.
     forward_nodes.update(u for n in list(forward_nodes) for u in n.users
                          if u.target is operator.getitem)
+    # Ops the user's forward ran are forward ops even when only the backward reads them (noise
+    # a custom autograd.Function draws and saves, say): AOTAutograd tags them while tracing.
+    # Views are left out: taking one is free in either half.
+    forward_nodes.update(n for n in graph.nodes if n.op == "call_function" and n not in backward
+                         and n.meta.get("partitioner_tag") == "is_forward" and view_root(n) is n)
 
     values = [n for n in graph.nodes if n.op in ("placeholder", "call_function", "get_attr")
               and n not in backward]
@@ -342,6 +347,9 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
         nbytes = 0 if role == "parameter" else cost.nbytes(val)
         if isinstance(val, (tuple, list)):
             nbytes = 0  # multi-output op: its getitems carry the bytes
+        root = view_root(n) if n.op == "call_function" else n
+        if root is not n and root in index:
+            nbytes = costs[index[root]]  # a saved view keeps its base's whole storage alive
         facts.append(NodeFacts(
             name=n.name, op=op_names[n], shape=cost.shape(val), dtype=cost.dtype_name(val),
             nbytes=nbytes, module=_module_path(n), source=_source(n), role=role))
