@@ -295,7 +295,11 @@ def test_autocast_cuda_fp16_bf16(backend, dtype):
     keep_all = remat.checkpoint(copy.deepcopy(model), backend=backend, policy=remat.save(ops="*"))
     out_k, grads_k = autocast_grads(keep_all, x)
     for a, b in zip([out] + grads, [out_k] + grads_k):
-        assert torch.equal(a, b)
+        assert a.dtype == b.dtype
+        if backend == "eager":
+            assert torch.equal(a, b)
+        else:  # two different Triton partitions may sum in a different order
+            torch.testing.assert_close(a.float(), b.float(), atol=1e-3, rtol=1e-3)
     ref_out, ref_grads = autocast_grads(copy.deepcopy(model), x)
     for a, b in zip([out] + grads, [ref_out] + ref_grads):
         torch.testing.assert_close(a.float(), b.float(), atol=1e-2, rtol=2e-2)
