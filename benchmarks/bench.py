@@ -84,6 +84,19 @@ def step(fn, model, x):
     workloads.loss(fn(x)).backward()
 
 
+def step_peak_bytes(fn, model, x) -> int:
+    """Peak CUDA bytes allocated during one step (gradients reset first), minus those held before."""
+    for p in model.parameters():
+        p.grad = None
+    x.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step(fn, model, x)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def grads(model, x):
     return [x.grad.float()] + [p.grad.float() for p in model.parameters()]
 
@@ -145,17 +158,7 @@ def measure(name, base, x, device, warmup, iters, ref_grads, ckpt_peak=None, r=N
             t = time.perf_counter()
             step(fn, model, x)
             times.append((time.perf_counter() - t) * 1e3)
-    peak = 0
-    if device.type == "cuda":
-        for p in model.parameters():
-            p.grad = None
-        x.grad = None
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step(fn, model, x)
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
+    peak = step_peak_bytes(fn, model, x) if device.type == "cuda" else 0
     row = {"variant": name, "ms": statistics.median(times), "peak_mib": peak / 2**20,
            "compile_s": compile_s, "grad_rel_err": err}
     if name.startswith("remat"):

@@ -11,21 +11,10 @@ import contextlib
 import copy
 
 import torch
+from bench import step_peak_bytes  # this folder's benchmark script (run from benchmarks/ or the repo root)
 
 import remat
 from remat import workloads
-
-
-def peak_of(fn, model, x) -> float:
-    for p in model.parameters():
-        p.grad = None
-    x.grad = None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    workloads.loss(fn(x)).backward()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
 def main(argv=None) -> None:
@@ -46,7 +35,7 @@ def main(argv=None) -> None:
         model = copy.deepcopy(base)
         with ctx():
             fn = remat.checkpoint(model, backend=backend)
-            peaks = [peak_of(fn, model, x) for _ in range(3)]
+            peaks = [step_peak_bytes(fn, model, x) / 2**20 for _ in range(3)]
         plan = remat.compiled_plans(fn)[0]
         print(f"{name}: peak {peaks[-1]:.0f} MiB (plan saves {plan.saved_bytes / 2**20:.0f} MiB)", flush=True)
 

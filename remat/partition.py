@@ -25,7 +25,7 @@ from .errors import PlanningError, RematError
 from .frontier import hull
 from .graph import JointGraph, analyze
 from .options import Options
-from .peak import simulate
+from .peak import lazy_order, simulate
 from .plan import Plan, PlanNode, SavedTensor
 from .policy import Decision, decide
 from .solver import ConflictError, describe, solve
@@ -227,35 +227,16 @@ def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
     """Move each op of ``recomputed`` (every op the backward computes from saved values alone:
     recomputed forward ops and backward-only ones such as an activation's derivative) to just
     before its first use (fx frees values after their last use), so these tensors live only as
-    long as the backward needs them."""
+    long as the backward needs them. The same ordering as the simulator's (``peak.lazy_order``)."""
     nodes = list(bw.graph.nodes)
-    emitted: set[fx.Node] = set()
-    order: list[fx.Node] = []
 
-    def emit(n: fx.Node) -> None:
-        stack = [(n, False)]
-        while stack:
-            x, ready = stack.pop()
-            if x in emitted:
-                continue
-            if ready:
-                emitted.add(x)
-                order.append(x)
-                continue
-            stack.append((x, True))
-            for a in reversed(x.all_input_nodes):
-                if a not in emitted and a.name in recomputed and a.op == "call_function":
-                    stack.append((a, False))
+    def movable(n: fx.Node) -> bool:
+        return n.op == "call_function" and n.name in recomputed
 
-    for n in nodes:
-        if n.op == "placeholder":
-            emitted.add(n)
-        elif n.op != "output" and not (n.name in recomputed and n.op == "call_function"):
-            emit(n)
+    anchors = [n for n in nodes if n.op not in ("placeholder", "output") and not movable(n)]
+    anchors += [n for n in nodes if movable(n)]  # movable ops nobody reads keep a place at the end
+    order = lazy_order(anchors, lambda n: n.all_input_nodes, movable)
     output = bw.graph.find_nodes(op="output")[0]
-    for n in nodes:  # recomputed ops nobody reads (should not happen) keep their place
-        if n not in emitted and n.op not in ("placeholder", "output"):
-            emit(n)
     for n in order:
         output.prepend(n)
     bw.graph.lint()

@@ -18,9 +18,13 @@ largest sum of live storage bytes after any op.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-__all__ = ["Schedule", "PeakResult", "simulate"]
+__all__ = ["Schedule", "PeakResult", "simulate", "backward_order", "lazy_order"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,15 +77,14 @@ def _ancestors(s: Schedule, seeds: set[int], stop: set[int]) -> set[int]:
     return out
 
 
-def backward_order(s: Schedule, saved: set[int]) -> list[int]:
-    """Backward ops in execution order: tangent-dependent ops in graph order, each op computed
-    from saved values alone placed just before its first use."""
-    available = set(saved) | set(s.graph_input) | set(s.tangent)
-    emitted: set[int] = set()
-    order: list[int] = []
-
-    def emit(v: int) -> None:
-        stack = [(v, False)]
+def lazy_order(anchors: Iterable[T], inputs: Callable[[T], Sequence[T]], movable: Callable[[T], bool]) -> list[T]:
+    """``anchors`` in their order, each preceded by those of its inputs (recursively) that are
+    ``movable`` and not yet placed: every movable op lands just before its first use. Shared by
+    the simulator and by the backward module's ordering (``partition.place_recompute``)."""
+    emitted: set[T] = set()
+    order: list[T] = []
+    for a in anchors:
+        stack = [(a, False)]
         while stack:
             x, ready = stack.pop()
             if x in emitted:
@@ -91,17 +94,17 @@ def backward_order(s: Schedule, saved: set[int]) -> list[int]:
                 order.append(x)
                 continue
             stack.append((x, True))
-            for u in reversed(s.inputs[x]):
-                if u not in emitted and u not in available:
-                    stack.append((u, False))
-
-    for v in range(s.n):
-        if v in s.backward and v not in s.tangent:
-            emit(v)
-    for v in s.bwd_outputs:
-        if v not in available:
-            emit(v)
+            stack.extend((u, False) for u in reversed(inputs(x)) if u not in emitted and movable(u))
     return order
+
+
+def backward_order(s: Schedule, saved: set[int]) -> list[int]:
+    """Backward ops in execution order: tangent-dependent ops in graph order, each op computed
+    from saved values alone placed just before its first use."""
+    available = set(saved) | set(s.graph_input) | set(s.tangent)
+    anchors = [v for v in range(s.n) if v in s.backward and v not in s.tangent]
+    anchors += [v for v in s.bwd_outputs if v not in available]
+    return lazy_order(anchors, lambda v: s.inputs[v], lambda u: u not in available)
 
 
 def simulate(s: Schedule, saved: set[int]) -> PeakResult:

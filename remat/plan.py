@@ -9,14 +9,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .report.totals import Totals
 
-__all__ = ["SavedTensor", "PlanNode", "Plan", "Frontier", "format_bytes"]
+__all__ = ["SavedTensor", "PlanNode", "Plan", "Frontier", "format_bytes", "format_scaled"]
+
+
+def format_scaled(n: int, units: tuple[tuple[str, int], ...], base: str) -> str:
+    """``n`` in the largest unit of ``units`` (name, scale; largest first) it reaches."""
+    for unit, scale in units:
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} {base}"
 
 
 def format_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+    """``1.50 GiB``, ``12 B``."""
+    return format_scaled(n, (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)), "B")
 
 
 @dataclass(frozen=True, slots=True)

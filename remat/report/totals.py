@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import Plan, format_bytes
+from ..plan import Plan, format_bytes, format_scaled
 
 __all__ = ["Totals", "totals", "activation_bytes", "format_flops", "FORWARD_STATUSES"]
 
@@ -42,11 +42,8 @@ def activation_bytes(plan: Plan) -> int | None:
 
 def format_flops(n: int) -> str:
     """``1.50 GFLOP``, ``12 FLOP``."""
-    for unit, scale in (("PFLOP", 10**15), ("TFLOP", 10**12), ("GFLOP", 10**9), ("MFLOP", 10**6),
-                        ("kFLOP", 10**3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} FLOP"
+    return format_scaled(n, (("PFLOP", 10**15), ("TFLOP", 10**12), ("GFLOP", 10**9), ("MFLOP", 10**6),
+                             ("kFLOP", 10**3)), "FLOP")
 
 
 @dataclass(frozen=True, slots=True)
