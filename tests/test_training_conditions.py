@@ -739,3 +739,35 @@ def test_torch_utils_checkpoint_inside_the_model_composes():
     x = torch.randn(2, 6, 16, requires_grad=True)
     rm = assert_same_training(CheckpointedBlocks, [x], "eager", steps=2, lr=0.1)
     plans_of(rm)
+
+
+# --- the conditions hold at every budget -----------------------------------------------------------
+
+def _budgets(model, *inputs):
+    """Every distinct predicted peak on the model's frontier: the budgets that select each plan."""
+    return sorted({p.predicted_peak_bytes for p in remat.pareto(model, *inputs).points})
+
+
+def test_random_ops_bit_exact_at_every_budget():
+    torch.manual_seed(0)
+    model = RandomOps()
+    x = torch.randn(8, 16)
+    budgets = _budgets(remat.checkpoint(copy.deepcopy(model), backend="eager"), x.requires_grad_())
+    assert len(budgets) >= 2
+    for budget in budgets:
+        torch._dynamo.reset()
+        rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=budget)
+        ref, got = seeded_step(model, x, 3), seeded_step(rm, x, 3)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+        assert all(torch.equal(a, b) for a, b in zip(got[2], ref[2]))
+        (plan,) = plans_of(rm)
+        assert not [op for op in plan.recomputed_ops if packet(op) in RANDOM_OPS]
+
+
+def test_side_effects_once_at_every_budget():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    for budget in _budgets(remat.checkpoint(Stateful(), backend="eager"), x):
+        torch._dynamo.reset()
+        rm = assert_same_training(Stateful, [x], "eager", steps=3, lr=0.1, budget=budget, **TOL["eager"])
+        assert int(rm.steps) == 3 and int(rm.bn.num_batches_tracked) == 3
