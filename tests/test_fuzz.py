@@ -264,7 +264,7 @@ def joint_graph():
 
     def grab(joint, joint_inputs, **kwargs):
         captured.update(gm=copy.deepcopy(joint), inputs=joint_inputs, kwargs=kwargs)
-        return make_partition_fn(Options(backend="eager"), lambda plan: None)(joint, joint_inputs, **kwargs)
+        return make_partition_fn(Options(backend="eager"), lambda plan, frontier: None)(joint, joint_inputs, **kwargs)
 
     from remat import compat
 
@@ -324,7 +324,8 @@ def policies(draw):
 @given(policies())
 def test_fuzz_random_policies_give_plan_or_remat_error(joint_graph, policy):
     plans = []
-    partition = make_partition_fn(Options(backend="eager", policy=policy, strict=True), plans.append)
+    partition = make_partition_fn(Options(backend="eager", policy=policy, strict=True),
+                                  lambda plan, frontier: plans.append(plan))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "rule matched no op"
         warnings.simplefilter("ignore", FutureWarning)  # deep-copying a graph module, torch 2.13
