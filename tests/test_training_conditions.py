@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import remat
+from remat import workloads
 from remat.graph import DATA_DEPENDENT_OPS, RANDOM_OPS
 
 from .conftest import assert_same_training, train_step
@@ -358,15 +359,9 @@ def test_nonzero_and_unique_are_saved_never_recomputed():
 
 # --- 6. dynamic shapes ---------------------------------------------------------------------------
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = nn.LayerNorm(16)
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 16)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+def Block() -> nn.Module:  # noqa: N802 - reads as the module it builds
+    """The mlp workload's block, x + fc2(gelu(fc1(layer_norm(x)))), at width 16."""
+    return workloads.MlpBlock(16, 32)
 
 
 @pytest.mark.parametrize("backend,dynamic,lengths,graphs", [
