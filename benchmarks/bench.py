@@ -27,7 +27,7 @@ import torch.utils.checkpoint as tuc
 import remat
 from remat import workloads
 
-VARIANTS = ("eager", "eager+ckpt", "compile", "compile budget 0.5", "compile+ckpt", "remat",
+VARIANTS = ("eager", "eager+ckpt", "compile", "compile budget 0.5", "compile+ckpt", "remat", "remat budget 100%",
             "remat budget 75%", "remat budget 50%", "remat budget 25%", "remat @ ckpt peak",
             "remat eager-backend")
 

@@ -114,13 +114,23 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
-    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx``: 2.11, 2.13. Its
-    ``config_patches`` also apply to the backward, which AOTAutograd compiles later, at the first
-    backward call. Low-precision casts are kept: see Note [Recompute precision]."""
+    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
+    ``inner_compile`` argument (``compile_fx_inner``): 2.11, 2.13. Its ``config_patches`` and
+    ``inner_compile`` also apply to the backward, which AOTAutograd compiles later, at the first
+    backward call. Low-precision casts are kept: see Note [Recompute precision]. Each graph is
+    compiled with stage-local fusion (``stage_local_fusion``) and without Inductor's FX graph
+    cache, whose key sees neither node meta nor the fusion choices."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
+    from torch._inductor.compile_fx import compile_fx_inner
 
-    patches = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
-    return _compile_fx(gm, example_inputs, config_patches=patches)
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        with stage_local_fusion():
+            return compile_fx_inner(*args, **kwargs)
+
+    patches: dict[str, Any] = {"fx_graph_cache": False}
+    if hasattr(inductor_config, "emulate_precision_casts"):
+        patches["emulate_precision_casts"] = True
+    return _compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
 
 
 def no_autograd_cache() -> Any:
@@ -151,6 +161,57 @@ def inductor_partitioner(partition_fn: Callable[..., Any]) -> Iterator[None]:
             yield
         finally:
             cfx.min_cut_rematerialization_partition = original
+
+
+STAGE_KEY = "remat_stage"
+"""fx node meta key: the block (``layers.3``) a forward or backward op belongs to; see
+``stage_local_fusion``."""
+
+
+def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
+    hit = cache.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = set()
+    for sub in node.get_nodes():
+        ir = getattr(sub, "node", None)
+        for origin in (ir.get_origins() if ir is not None else ()):
+            stage = origin.meta.get(STAGE_KEY)
+            if stage is not None:
+                out.add(stage)
+    result = frozenset(out)
+    cache[id(node)] = (node, result)
+    return result
+
+
+@contextlib.contextmanager
+def stage_local_fusion() -> Iterator[None]:
+    """Inside this context Inductor fuses two kernels only if their ops share a block (fx
+    ``meta[STAGE_KEY]``) or one of them has none. See Note [Stage-local fusion] in
+    ``remat/partition.py``. Uses ``torch._inductor.virtualized.V.set_choices_handler`` and
+    ``InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score)``, a documented
+    extension point for fusion heuristics: checked on 2.11, 2.13. The current handler (the
+    user's, if they set one) keeps deciding every other fusion."""
+    from torch._inductor.virtualized import V
+
+    if not hasattr(V, "set_choices_handler"):  # pragma: no cover - older torch
+        yield
+        return
+    inner = V.choices
+    cache: dict[int, tuple[Any, frozenset]] = {}
+    base_can_fuse = inner.can_fuse
+
+    class StageLocal(type(inner)):  # type: ignore[misc]
+        def can_fuse(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+            a, b = _stages(node1, cache), _stages(node2, cache)
+            if a and b and a.isdisjoint(b):
+                return False
+            return base_can_fuse(scheduler, node1, node2, shared_data_score)
+
+    handler = StageLocal.__new__(StageLocal)
+    handler.__dict__.update(getattr(inner, "__dict__", {}))
+    with V.set_choices_handler(handler):
+        yield
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> None:

@@ -26,7 +26,7 @@ from .peak import Schedule
 from .policy import OpInfo
 from .solver import Problem
 
-__all__ = ["NodeFacts", "JointGraph", "analyze", "op_name"]
+__all__ = ["NodeFacts", "JointGraph", "analyze", "op_name", "block_of"]
 
 MATMUL_OPS = frozenset(
     "aten." + n
@@ -107,6 +107,16 @@ def _module_path(node: fx.Node) -> str:
     path = _PATH_KEY.sub(r".\1", path)
     path = re.sub(r"^self\.|^_orig_mod\.", "", path.lstrip("."))
     return path.lstrip(".")
+
+
+def block_of(node: fx.Node) -> str | None:
+    """The repeated block an op belongs to: its module path up to the first numeric component
+    (``layers.3.attn`` -> ``layers.3``, ``0.fc1`` -> ``0``); None outside indexed blocks."""
+    parts = _module_path(node).split(".")
+    for k, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: k + 1])
+    return None
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')

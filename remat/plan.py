@@ -93,6 +93,9 @@ class Plan:
     """Estimated time of the recomputed ops on the device model (fused: no memory round trips)."""
     budget_bytes: int | None = None
     """The peak budget this plan was chosen under, if any."""
+    checkpoints: tuple[str, ...] = ()
+    """Separator values this plan never recomputes through (checkpoint segments, see
+    ``remat.segments``); empty for the default plan and the min-cut frontier's plans."""
 
     @property
     def saved_bytes(self) -> int:
@@ -149,6 +152,9 @@ class Plan:
         counts = self.recompute_counts()
         if counts:
             lines.append("recomputed: " + ", ".join(f"{op} x{c}" for op, c in counts.items()))
+        if self.checkpoints:
+            lines.append(f"checkpoint segments: never recomputes through {', '.join(self.checkpoints)} "
+                         f"({len(self.checkpoints) + 1} segments, each recomputed when the backward reaches it)")
         lines += list(self.notes)
         lines.append(self.totals().line())
         return "\n".join(lines)
@@ -211,18 +217,31 @@ class Plan:
 
 @dataclass(frozen=True)
 class Frontier:
-    """Plans trading memory for recompute time for one graph: the default plan and every
-    vertex of the lower convex hull of (saved bytes, recompute seconds), sorted from the least
-    recompute to the most. ``eager_peak_bytes`` is autograd's predicted peak for comparison."""
+    """Plans trading memory for recompute time for one graph, sorted from the least recompute
+    to the most: the default plan, every vertex of the lower convex hull of (saved bytes,
+    recompute seconds), and the checkpoint-segment plans (``remat.segments``; ``checkpoints``
+    set) that no other plan beats on both predicted peak and recompute time. A budget chooses
+    among all of them. ``eager_peak_bytes`` is autograd's predicted peak for comparison."""
 
     points: tuple[Plan, ...]
     eager_peak_bytes: int = 0
 
+    @property
+    def hull(self) -> tuple[Plan, ...]:
+        """The default plan and the (saved bytes, recompute) hull's vertices."""
+        return tuple(p for p in self.points if not p.checkpoints)
+
+    @property
+    def segments(self) -> tuple[Plan, ...]:
+        """The checkpoint-segment plans."""
+        return tuple(p for p in self.points if p.checkpoints)
+
     def __str__(self) -> str:
-        rows = [("#", "saved", "predicted peak", "x eager peak", "recompute (est.)", "recomputed ops")]
+        rows = [("#", "kind", "saved", "predicted peak", "x eager peak", "recompute (est.)", "recomputed ops")]
         for k, p in enumerate(self.points):
             ratio = f"{p.predicted_peak_bytes / self.eager_peak_bytes:.2f}" if self.eager_peak_bytes else "-"
-            rows.append((str(k), format_bytes(p.saved_bytes), format_bytes(p.predicted_peak_bytes), ratio,
+            kind = f"{len(p.checkpoints)} checkpoints" if p.checkpoints else "min-cut"
+            rows.append((str(k), kind, format_bytes(p.saved_bytes), format_bytes(p.predicted_peak_bytes), ratio,
                          f"{p.recompute_seconds * 1e3:.3f} ms", str(len(p.recomputed))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [f"remat frontier: {len(self.points)} plans (eager autograd's predicted peak: "
@@ -246,9 +265,10 @@ class Frontier:
 
             raise RematError("remat: Frontier.plot needs matplotlib; pip install matplotlib.") from e
         fig, ax = plt.subplots(figsize=(6, 4))
-        xs = [p.recompute_seconds * 1e3 for p in self.points]
-        ys = [p.predicted_peak_bytes / 2**20 for p in self.points]
-        ax.plot(xs, ys, "o-", label="remat plans")
+        for plans, style, label in ((self.hull, "o-", "min-cut plans"), (self.segments, "s", "checkpoint segments")):
+            if plans:
+                ax.plot([p.recompute_seconds * 1e3 for p in plans],
+                        [p.predicted_peak_bytes / 2**20 for p in plans], style, label=label)
         if self.eager_peak_bytes:
             ax.axhline(self.eager_peak_bytes / 2**20, color="gray", ls="--", label="eager autograd")
         ax.set_xlabel("estimated recompute time (ms)")

@@ -104,22 +104,24 @@ def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
     ties, scale = _tie_terms(p)
     if weight is not None:
         ties, scale = [0] * p.n, 1
+    inf: dict = {}  # no capacity attribute: infinite
+    edges: list[tuple[object, object, dict]] = []
+    add = edges.append
+    for v in range(p.n):
+        v_in, v_out = 2 * v, 2 * v + 1
+        add((v_in, v_out, inf if v in p.no_save else {"capacity": p.cost[v] * scale + ties[v]}))
+        if v in p.no_recompute:
+            add((SOURCE, v_in, inf))
+        elif weight is not None and p.recompute_cost and p.recompute_cost[v] > 0:
+            add((SOURCE, v_in, {"capacity": weight * p.recompute_cost[v]}))
+        for u in p.inputs[v]:
+            add((2 * u + 1, v_in, inf))
+        if v in p.needed:
+            add((v_out, SINK, inf))
     g = nx.DiGraph()
     g.add_node(SOURCE)
     g.add_node(SINK)
-    for v in range(p.n):
-        if v in p.no_save:
-            g.add_edge(2 * v, 2 * v + 1)  # no capacity attribute: infinite
-        else:
-            g.add_edge(2 * v, 2 * v + 1, capacity=p.cost[v] * scale + ties[v])
-        if v in p.no_recompute:
-            g.add_edge(SOURCE, 2 * v)
-        elif weight is not None and p.recompute_cost and p.recompute_cost[v] > 0:
-            g.add_edge(SOURCE, 2 * v, capacity=weight * p.recompute_cost[v])
-        for u in p.inputs[v]:
-            g.add_edge(2 * u + 1, 2 * v)
-        if v in p.needed:
-            g.add_edge(2 * v + 1, SINK)
+    g.add_edges_from(edges)
     return g
 
 

@@ -24,6 +24,9 @@ incompatible change). Top-level keys:
 ``nodes``        every node of the joint graph in graph order: ``name``, ``op``, ``status``,
                  ``reason``, ``inputs``, ``shape``, ``dtype``, ``bytes``, ``module``,
                  ``source`` (omitted with ``nodes=False``).
+``checkpoints``  list of str: the separators a checkpoint-segment plan never recomputes
+                 through (``remat.segments``); empty for min-cut plans.
+``budget_bytes`` int or null: the peak budget the plan was chosen under.
 ``notes``        list of str.
 """
 
@@ -70,6 +73,8 @@ SCHEMA: dict[str, Any] = {
         "modules": {"type": "array", "items": _obj({
             "module": _STR, "blocks": _INT, "saved": _INT, "saved_bytes": _INT, "recomputed": _INT,
             "reasons": {"type": "object", "additionalProperties": _INT}, "depth": _INT})},
+        "checkpoints": {"type": "array", "items": _STR},
+        "budget_bytes": {"type": ["integer", "null"]},
         "notes": {"type": "array", "items": _STR},
     }),
 }
@@ -99,6 +104,8 @@ def to_dict(plan: Plan, *, nodes: bool = True) -> dict[str, Any]:
         "modules": [{"module": r.module.strip(), "blocks": r.blocks, "saved": r.saved,
                      "saved_bytes": r.saved_bytes, "recomputed": r.recomputed,
                      "reasons": dict(r.reasons), "depth": r.depth} for r in module_rows(plan)],
+        "checkpoints": list(plan.checkpoints),
+        "budget_bytes": plan.budget_bytes,
         "notes": list(plan.notes),
     }
     if nodes:
