@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .fusion import FusionRules, kernels, lower
+
 __all__ = ["Schedule", "PeakResult", "simulate", "backward_order", "lazy_order"]
 
 T = TypeVar("T")
@@ -47,6 +49,15 @@ class Schedule:
     fwd_outputs: tuple[int, ...]
     bwd_outputs: tuple[int, ...]
     names: tuple[str, ...] = ()
+    kind: tuple[str, ...] = ()
+    """How Inductor lowers each node (``remat.fusion.KINDS``); empty: unknown."""
+    ops: tuple[int, ...] = ()
+    """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
+    heavy: frozenset[int] = frozenset()
+    """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
+    fusion: FusionRules | None = None
+    """``None``: the step runs op by op (uncompiled). Otherwise it runs as Inductor's kernels
+    under these rules (``remat.fusion``); needs ``kind``."""
 
     @property
     def n(self) -> int:
@@ -108,46 +119,122 @@ def backward_order(s: Schedule, saved: set[int]) -> list[int]:
 
 
 def simulate(s: Schedule, saved: set[int]) -> PeakResult:
-    """Peak live bytes of a step that saves ``saved`` (node ids) for the backward."""
+    """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
+    (``s.fusion is None``, the uncompiled backend) or kernel by kernel as Inductor lowers the
+    two graphs (``remat.fusion``)."""
     pre = set(s.graph_input)
     fwd = sorted(_ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
     bwd = backward_order(s, saved)
-    in_bwd = set(bwd) | set(s.tangent)
-    # A value recomputed in the backward is a second instance: key (node, 1); forward ones (node, 0).
-    timeline = [((v, 0), "forward") for v in fwd] + [((v, 1), "backward") for v in sorted(s.tangent)]
-    timeline += [((v, 1), "backward") for v in bwd]
-    boundary = len(fwd)
+    build = _op_steps if s.fusion is None else _kernel_steps
+    steps, boundary, nbytes, storage = build(s, set(saved), fwd, bwd)
+    pin_end = {storage(v, 0) for v in s.fwd_outputs}
+    pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *s.tangent)}  # the autograd Function holds them
+    pin_boundary = {storage(v, 0) for v in saved}  # saved values live at least to the boundary
+    return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
 
-    def storage(u: int, phase: int) -> tuple[int, int]:
+
+_Key = tuple[int, int]  # (storage-owning node, 0 in the forward or 1 in the backward)
+
+
+@dataclass(frozen=True)
+class _Step:
+    label: str
+    allocs: tuple[_Key, ...]
+    reads: frozenset[_Key]
+
+
+def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+    """One step per op; every op's output is a tensor (the uncompiled backend)."""
+    pre = set(s.graph_input)
+    in_bwd = set(bwd) | set(s.tangent)
+
+    def storage(u: int, phase: int) -> _Key:
         r = s.root[u]
         return (r, 1) if phase and u in in_bwd and r in in_bwd else (r, 0)
 
-    end = len(timeline)
-    last_use: dict[tuple[int, int], int] = {}
-    for t, ((v, phase), _) in enumerate(timeline):
-        for u in s.inputs[v]:
-            last_use[storage(u, phase)] = t
-    for v in s.fwd_outputs:
-        last_use[storage(v, 0)] = end
-    for v in (*s.bwd_outputs, *s.tangent):  # the autograd Function holds its grads to the end
-        last_use[storage(v, 1)] = end
-    for v in saved:  # saved values live at least to the boundary
-        k = storage(v, 0)
+    timeline = [(v, 0) for v in fwd] + [(v, 1) for v in sorted(s.tangent)] + [(v, 1) for v in bwd]
+    steps, nbytes = [], {}
+    for v, phase in timeline:
+        own = bool(s.nbytes[v]) and s.root[v] == v and v not in pre
+        if own:
+            nbytes[(v, phase)] = s.nbytes[v]
+        where = "forward" if phase == 0 else "backward"
+        steps.append(_Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
+                           frozenset(storage(u, phase) for u in s.inputs[v])))
+    return steps, len(fwd), nbytes, storage
+
+
+def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+    """One step per Inductor kernel of the forward and of the backward (``remat.fusion``)."""
+    rules = s.fusion
+    pre = set(s.graph_input)
+    kind, ops = s.kind, s.ops or (1,) * s.n
+    steps: list[_Step] = []
+    nbytes: dict[_Key, int] = {}
+    bwd_given = saved | pre | set(s.tangent)
+    bwd_nodes = set(bwd)
+
+    def storage(u: int, phase: int) -> _Key:
+        r = s.root[u]
+        if phase and r in bwd_nodes | set(s.tangent):
+            return (r, 1)
+        return (r, 0)
+
+    graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
+    boundary = 0
+    for phase, nodes, given, outputs in graphs:
+        lowered = lower(nodes, s.inputs, kind, ops, s.heavy, given, outputs, rules)
+
+        def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
+            if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
+                return storage(u, 1) if u in s.tangent else (s.root[u], 0)
+            return (u, phase)
+
+        storage_outputs = {s.root[v] if v in given else v for v in outputs}
+        ks, _ = kernels(nodes, s.inputs, kind, s.nbytes, lowered, given | storage_outputs, rules)
+        if phase == 1:
+            boundary = len(steps)
+            for t in sorted(s.tangent):
+                nbytes[(t, 1)] = s.nbytes[t]
+                steps.append(_Step(f"backward:{s.names[t] if s.names else t}", ((t, 1),), frozenset()))
+        where = "forward" if phase == 0 else "backward"
+        for k in ks:
+            for a in k.allocs:
+                if a not in pre:
+                    nbytes[key(a)] = s.nbytes[a]
+            steps.append(_Step(f"{where}:{s.names[k.node] if s.names else k.node}",
+                               tuple(key(a) for a in k.allocs if a not in pre),
+                               frozenset(key(u) for u in k.reads if u not in pre)))
+    return steps, boundary, nbytes, storage
+
+
+def _replay(steps: list[_Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
+            pin_boundary: set[_Key]) -> PeakResult:
+    """Live bytes step by step: a storage is allocated by its step and freed after its last
+    read (pinned ones live to the end, or at least to the boundary)."""
+    end = len(steps)
+    last_use: dict[_Key, int] = {}
+    for t, st in enumerate(steps):
+        for k in st.reads:
+            last_use[k] = t
+    for k in pin_end:
+        last_use[k] = end
+    for k in pin_boundary:
         last_use[k] = max(last_use.get(k, 0), boundary)
-    frees: dict[int, list[int]] = {}
-    for t, ((v, phase), _) in enumerate(timeline):
-        if s.nbytes[v] and s.root[v] == v and v not in pre:
-            frees.setdefault(max(last_use.get((v, phase), t), t), []).append(s.nbytes[v])
+    frees: dict[int, int] = {}
+    for t, st in enumerate(steps):
+        for k in st.allocs:
+            f = max(last_use.get(k, t), t)
+            frees[f] = frees.get(f, 0) + nbytes.get(k, 0)
     live = peak = at_boundary = fwd_peak = 0
     at = "nothing"
-    for t, ((v, _phase), where) in enumerate(timeline):
+    for t, st in enumerate(steps):
         if t == boundary:
             at_boundary, fwd_peak = live, peak
-        if s.nbytes[v] and s.root[v] == v and v not in pre:
-            live += s.nbytes[v]
+        live += sum(nbytes.get(k, 0) for k in st.allocs)
         if live > peak:
-            peak, at = live, f"{where}:{s.names[v] if s.names else v}"
-        live -= sum(frees.get(t, ()))
+            peak, at = live, st.label
+        live -= frees.get(t, 0)
     if boundary == end:
         at_boundary, fwd_peak = live, peak
     return PeakResult(peak, at, at_boundary, fwd_peak)
