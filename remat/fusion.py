@@ -25,17 +25,17 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
 
 * views alias the value they view (stored or inlined alike).
 
-``kernels`` then turns one graph into the steps the simulator replays: one step per stored
-value, with the storages it allocates and reads. Two allocation effects of Inductor's code are
-modelled (Note [Inductor allocation]): a pointwise kernel writes *in place* into a same-sized
-buffer it reads for the last time (``inplace_buffers``), and on CPU consecutive pointwise and
-reduction kernels between two extern kernels form one fused C++ kernel whose buffers are all
-allocated before it runs and freed after it (``kernel_groups``).
+``kernels`` then groups one lowered graph into the kernels the simulator replays, each with the
+storages it allocates before it runs and the storages it reads (Note [Inductor allocation]):
+fused kernels allocate all their buffers up front (``kernel_groups``); a buffer read only row by
+row inside its own fused kernel is never allocated (``local_buffers``); a kernel writes in place
+into a same-sized buffer it reads for the last time (``inplace``); a freed buffer is held for a
+later one of its size (``reuse``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "Lowered", "lower", "Kernel", "kernels"]
@@ -58,14 +58,26 @@ kernel: stored output, stored inputs), ``random`` (a stored random value)."""
 #
 # Note [Inductor allocation]
 # The wrapper Inductor generates allocates a kernel's output buffers just before the kernel and
-# frees each buffer after the last kernel that reads it; a freed buffer is reused for a later one
-# of the same size (no new bytes), and a pointwise kernel whose output matches the size of a buffer
-# it reads for the last time writes into that buffer (config.inplace_buffers). On CPU the C++
-# backend fuses pointwise and reduction kernels of compatible loops into one kernel of several
-# loop nests; buffers passed between its loop nests are not removed, and all of them exist for
-# the whole kernel (the pointwise workload's backward is one such kernel holding every layer's
-# intermediates). ``kernel_groups`` models it as: the stored values between two extern kernels
-# (in execution order) form one group.
+# frees each buffer after the last kernel that reads it. Inductor's scheduler fuses the pointwise
+# and reduction work between two extern kernels into as few kernels as their loops allow: the C++
+# backend into one kernel of several loop nests (the pointwise workload's whole backward is one
+# C++ kernel), Triton into one kernel with a loop per pass over a row (the pointwise workload's
+# whole forward is one Triton kernel). Every buffer of a fused kernel exists for the whole kernel.
+# ``kernel_groups`` models this as: the stored values between two extern kernels, in execution
+# order, form one group. Two refinements:
+# * a value read only by pointwise and row-reduction work of its own group, no reduction over
+#   the batch (a bias gradient), stays in registers or a per-row local buffer (``local_buffers``;
+#   C++: try_outer_loop_fusion_with_local_buf);
+# * on GPU a reduction over the batch that shares a full input with a row reduction is fused with
+#   it into a mix-order reduction kernel, which takes no other work: it starts a new group whose
+#   inputs stay stored (``mix_order_splits``; scheduler.py: MixOrderReduction, on by default in
+#   2.11 and 2.13).
+# Within these groups the wrapper writes a kernel's output into a same-sized input it reads for
+# the last time (config.inplace_buffers), and holds a freed buffer for a later one of the same
+# size and dtype when Inductor's own peak estimate allows it (config.allow_buffer_reuse;
+# wrapper.py: AllocateLine.plan). These rules reproduce the measured peaks of the reference
+# workloads to a few percent (benchmarks/README.md); they are not Inductor's scheduler, and a
+# graph whose fusion they misjudge is mispredicted.
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,17 +97,22 @@ class FusionRules:
     realize_heavy_reuse: bool = False
     """Store a value with several readers whose expression has an exp/log/tanh/sigmoid (CPU)."""
     kernel_groups: bool = False
-    """Stored values between two extern kernels share one kernel's allocation (CPU)."""
+    """Stored values between two extern kernels share one fused kernel's allocation."""
+    mix_order_splits: bool = False
+    """A reduction over leading dimensions sharing a full read with a row reduction starts a new
+    group (GPU: Inductor's mix-order reduction kernels)."""
     local_buffers: bool = False
-    """A stored pointwise value read only by row-wise kernels of its own group lives in a
-    per-row local buffer, not in memory (CPU outer-loop fusion)."""
+    """A stored pointwise value read only by row-wise work of its own group is never allocated
+    (registers, or a C++ per-row local buffer)."""
     inplace: bool = True
     """A pointwise kernel writes into a same-sized buffer it reads for the last time."""
+    reuse: bool = True
+    """A freed buffer is held for a later one of its size when Inductor's peak estimate allows."""
 
 
 CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
                   kernel_groups=True, local_buffers=True)
-GPU = FusionRules("cuda")
+GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True)
 
 
 def rules_for(device: str) -> FusionRules:
@@ -115,7 +132,10 @@ class Lowered:
 
 @dataclass
 class _Expr:
+    """An inlined pointwise value: the buffers it loads and the nodes folded into it."""
+
     reads: frozenset[int]
+    members: frozenset[int]
     ops: int
     heavy: bool
 
@@ -158,11 +178,11 @@ def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[
             reads[v] = reads.get(b, frozenset())
             continue
         if k == "pointwise":
-            inlined = [base.get(u, u) for u in args if base.get(u, u) in expr]
+            inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
             rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
-            e = _Expr(rd, (ops[v] if v < len(ops) else 1) + sum(expr[u].ops for u in dict.fromkeys(inlined))
-                      + sum(1 for u in args if base.get(u, u) not in expr),
-                      v in heavy or any(expr[u].heavy for u in inlined))
+            members = frozenset({v}).union(*(e.members for e in inlined))
+            e = _Expr(rd, members, sum(ops[w] if w < len(ops) else 1 for w in members) + len(rd),
+                      v in heavy or any(e.heavy for e in inlined))
             expr[v], reads[v] = e, rd
             _realize_pointwise(v, e, users[v], v in outs, kind, rules, store)
             continue
@@ -198,64 +218,190 @@ def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, ki
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """One kernel of a lowered graph, in execution order: the storages it allocates just before
-    it runs and the storages it reads (node ids; graph inputs included). ``node``: the last
-    node it computes, for reports."""
+    """One kernel of a lowered graph, in execution order: the stored nodes it computes
+    (``nodes``), the storages it allocates just before it runs and the storages it reads (node
+    ids; graph inputs included)."""
 
-    node: int
+    nodes: tuple[int, ...]
     allocs: tuple[int, ...]
     reads: frozenset[int]
 
+    @property
+    def node(self) -> int:
+        """The last node it computes (for reports)."""
+        return self.nodes[-1]
+
 
 def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str],
-            nbytes: Sequence[int], lowered: Lowered, keep: Iterable[int],
-            rules: FusionRules) -> tuple[list[Kernel], dict[int, int]]:
-    """The kernels of a lowered graph (see Note [Inductor allocation]), and the nodes written in
-    place into another node's storage (node -> that storage). ``keep``: storages that must not be
-    written in place (graph inputs and outputs)."""
-    groups: list[list[int]] = []  # stored nodes of each kernel, in execution order
+            nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, graph_inputs: Iterable[int],
+            outputs: Iterable[int], rules: FusionRules) -> tuple[list[Kernel], dict[int, int]]:
+    """The kernels of a lowered graph in execution order (see Note [Inductor allocation]), and
+    the stored nodes that take over another node's storage (written in place, or reusing a freed
+    buffer): node -> that storage."""
+    given, outs = set(graph_inputs), set(outputs)
+    reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in inputs[v])) - {v}
+             for v in nodes if v in lowered.stored}
+
+    def numel(u: int) -> int:
+        return nbytes[u] // _ITEMSIZE.get(_dt(dtype, u), 1)
+
+    groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel)
+    if rules.local_buffers:
+        # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
+        local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs)
+        groups = [[v for v in g if v not in local] for g in groups]
+        reads = {v: rd - local for v, rd in reads.items() if v not in local}
+    groups = [g for g in groups if g]
+    alias: dict[int, int] = {}
+    if rules.inplace:
+        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs)
+    if rules.reuse:
+        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs)
+    alias = {v: storage_of(alias, v) for v in alias}
+    out = [Kernel(tuple(g), tuple(v for v in g if nbytes[v] and v not in alias),
+                  frozenset(alias.get(u, u) for v in g for u in reads[v])) for g in groups]
+    return out, alias
+
+
+def storage_of(alias: dict[int, int], v: int) -> int:
+    """The node whose storage ``v`` lives in, following ``alias`` chains."""
+    while v in alias:
+        v = alias[v]
+    return v
+
+
+def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: FusionRules,
+            reads: dict[int, frozenset[int]], numel: Callable[[int], int]) -> tuple[list[list[int]], set[int]]:
+    """Stored nodes per kernel: one each, or (``kernel_groups``) every run of non-extern ones.
+    With ``mix_order_splits``, a reduction over leading dimensions that shares a full read with
+    a reduction over trailing dimensions starts a new run: Inductor fuses the two into a
+    mix-order reduction kernel with the row-wise work between them, not with what came before
+    (``scheduler.py: MixOrderReduction``; 2.11, 2.13)."""
+    mixed: set[int] = set()
+    if rules.mix_order_splits:
+        rows = [w for w in nodes if w in lowered.stored and _kind(kind, w) == "reduction"]
+        for v in nodes:
+            if v in lowered.stored and _kind(kind, v) == "outer-reduction":
+                big = max(map(numel, reads[v]), default=0)
+                full = {u for u in reads[v] if numel(u) == big}
+                if any(full & reads[w] for w in rows):
+                    mixed.add(v)
+    groups: list[list[int]] = []
     for v in nodes:
         if v not in lowered.stored:
             continue
-        if rules.kernel_groups and groups and not _is_extern(kind, v) and not _is_extern(kind, groups[-1][-1]):
+        if (rules.kernel_groups and groups and v not in mixed and not _is_extern(kind, v)
+                and not _is_extern(kind, groups[-1][-1])):
             groups[-1].append(v)
         else:
             groups.append([v])
-    reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in inputs[v])) - {v}
-             for g in groups for v in g}
+    return groups, mixed
+
+
+def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
+                   keep: set[int]) -> set[int]:
+    """Stored pointwise values that every reader reads inside the same group, row by row
+    (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
+    per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13)."""
     group_of = {v: i for i, g in enumerate(groups) for v in g}
-    keep = set(keep)
-    if rules.local_buffers:
-        readers: dict[int, list[int]] = {}
-        for v, rd in reads.items():
-            for u in rd:
-                readers.setdefault(u, []).append(v)
-        local = {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
-                 and all(group_of[w] == group_of[v] and _kind(kind, w) in ("pointwise", "reduction")
-                         for w in readers[v])}
-        groups = [[v for v in g if v not in local] for g in groups]
-        reads = {v: rd - local for v, rd in reads.items() if v not in local}
+    readers: dict[int, list[int]] = {}
+    for v, rd in reads.items():
+        for u in rd:
+            readers.setdefault(u, []).append(v)
+    return {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
+            and all(group_of.get(w) == group_of[v] and _kind(kind, w) in ("pointwise", "reduction")
+                    for w in readers[v])}
+
+
+def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
+             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int]) -> dict[int, int]:
+    """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
+    reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``)."""
+    group_of = {v: i for i, g in enumerate(groups) for v in g}
     last: dict[int, int] = {}
     for v, rd in reads.items():
         for u in rd:
             last[u] = max(last.get(u, -1), group_of[v])
-    alias: dict[int, int] = {}  # a node written in place -> the storage it took over
-    if rules.inplace:
-        for i, g in enumerate(groups):
-            for v in g:
-                if not nbytes[v] or _is_extern(kind, v):
-                    continue
-                for u in sorted(reads[v]):
-                    s = alias.get(u, u)
-                    if (s in lowered.stored and s not in keep and s not in alias.values()
-                            and group_of[s] < i and last.get(s) == i and nbytes[s] == nbytes[v]):
-                        alias[v], last[s] = s, max(i, last.get(v, i))
-                        if v in keep:
-                            keep.add(s)
-                        break
-    out = [Kernel(g[-1], tuple(v for v in g if nbytes[v] and v not in alias),
-                  frozenset(alias.get(u, u) for v in g for u in reads[v])) for g in groups if g]
-    return out, alias
+    alias: dict[int, int] = {}
+    taken: set[int] = set()
+    for i, g in enumerate(groups):
+        for v in g:
+            if not nbytes[v] or _is_extern(kind, v):
+                continue
+            for u in sorted(reads[v]):
+                s = alias.get(u, u)
+                if (s in lowered.stored and s not in keep and s not in taken and group_of.get(s, i) < i
+                        and last.get(s) == i and nbytes[s] == nbytes[v] and _dt(dtype, s) == _dt(dtype, v)):
+                    alias[v], last[s] = s, max(i, last.get(v, i))
+                    taken.add(s)
+                    break
+    return alias
+
+
+def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
+           dtype: Sequence[str], alias: dict[int, int], given: set[int], outs: set[int]) -> dict[int, int]:
+    """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
+    of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
+    graph's peak (bytes after each kernel, freeable inputs counted) allows it
+    (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``; 2.11, 2.13). Freed buffers
+    are reused last in, first out."""
+    alias = dict(alias)
+    n = len(groups)
+    last: dict[int, int] = {}
+    for i, g in enumerate(groups):
+        for v in g:
+            last.setdefault(v, i)
+            for u in reads[v]:
+                last[u] = i
+    holders: dict[int, list[int]] = {}  # storage -> the nodes living in it
+    for g in groups:
+        for v in g:
+            if nbytes[v]:
+                holders.setdefault(storage_of(alias, v), []).append(v)
+
+    def death(s: int) -> int:  # n: lives past the graph (an output)
+        return n if any(h in outs for h in holders[s]) else max(last[h] for h in holders[s])
+
+    dies = {s: death(s) for s in holders}
+    dying: dict[int, set[int]] = {}
+    for s, t in dies.items():
+        dying.setdefault(t, set()).add(s)
+    # Inductor's estimate: bytes after each kernel (its frees done), freeable inputs included.
+    delta = [0] * (n + 2)
+    for u in given:
+        if nbytes[u] and u in last:
+            delta[0] += nbytes[u]
+            delta[last[u] + 1] -= nbytes[u]
+    first = {v: i for i, g in enumerate(groups) for v in g}
+    for s, t in dies.items():
+        delta[first[s]] += nbytes[s]
+        delta[t + 1] -= nbytes[s]
+    after, mem = [], 0
+    for i in range(n):
+        mem += delta[i]
+        after.append(mem)
+    overall = max(after, default=0)
+    pool: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for i, g in enumerate(groups):
+        for a in g:
+            key = (nbytes[a], _dt(dtype, a))
+            if a not in holders or not pool.get(key):
+                continue
+            f, j = pool[key].pop()
+            if j + 1 == i or nbytes[a] + max(after[j + 1:i], default=0) <= overall:
+                alias[a] = f
+                holders[f] += holders.pop(a)
+                dying[dies.pop(a)].discard(a)
+                dies[f] = death(f)
+                dying.setdefault(dies[f], set()).add(f)
+                for k in range(j + 1, i):
+                    after[k] += nbytes[a]
+            else:
+                pool[key].append((f, j))
+        for s in sorted(dying.pop(i, ())):
+            if s not in given:
+                pool.setdefault((nbytes[s], _dt(dtype, s)), []).append((s, i))
+    return alias
 
 
 def _kind(kind: Sequence[str], v: int) -> str:
@@ -264,3 +410,11 @@ def _kind(kind: Sequence[str], v: int) -> str:
 
 def _is_extern(kind: Sequence[str], v: int) -> bool:
     return _kind(kind, v) == "extern"
+
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
+             "uint8": 1, "int8": 1}
+
+
+def _dt(dtype: Sequence[str], v: int) -> str:
+    return dtype[v] if v < len(dtype) else ""

@@ -430,6 +430,18 @@ def _reduces_last_dims(node: fx.Node) -> bool:
     return got == list(range(ndim - len(got), ndim))
 
 
+def _workspace(node: fx.Node) -> int:
+    """Scratch bytes an extern kernel holds while it runs. Attention backward kernels accumulate
+    the query gradient in float32 (FlashAttention's ``dq_accum``; CPU's flash attention keeps
+    per-thread float32 blocks of at least that size): 4 bytes per element of the query gradient."""
+    op = op_name(node)
+    if not (op.startswith("aten.") and "attention" in op and "backward" in op):
+        return 0
+    val = node.meta.get("val")
+    first = val[0] if isinstance(val, (tuple, list)) and val else val
+    return 4 * cost.numel(first) if isinstance(first, torch.Tensor) else 0
+
+
 def _runs_extern(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
@@ -439,10 +451,23 @@ def _runs_extern(node: fx.Node) -> bool:
     return isinstance(t, compat.OpOverload) and compat.inductor_runs_extern(t)
 
 
+LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
+
+
 def _own_ops(node: fx.Node) -> int:
-    """Ops a pointwise node adds to an inlined expression: itself and its scalar constants."""
+    """Ops a pointwise node adds to an inlined Inductor expression: itself and its scalar
+    constants; Inductor computes low-precision values in float32, so a bf16/fp16 result adds a
+    cast down and back (2) and each low-precision operand a cast up (2, with its precision-emulation
+    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (2.13)."""
+    if node.op != "call_function":
+        return 0
+    low = {a for a in _tensor_inputs(node) if a.meta["val"].dtype in LOW_PRECISION}
+    val = node.meta.get("val")
+    out_low = isinstance(val, torch.Tensor) and val.dtype in LOW_PRECISION
+    if op_name(node) in CAST_OPS:
+        return 3 if out_low else 1
     scalars = [a for a in node.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-    return 1 + len(scalars)
+    return 1 + len(scalars) + (2 if out_low else 0) + 2 * len(low)
 
 
 def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs: list,
@@ -472,6 +497,8 @@ def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs:
         names=tuple(n.name for n in nodes),
         kind=kind,
         ops=tuple(_own_ops(n) for n in nodes) if kind else (),
+        dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes) if kind else (),
+        workspace=tuple(_workspace(n) for n in nodes) if kind else (),
         heavy=frozenset(i for i, n in enumerate(nodes) if _packet(op_name(n)).split(".")[-1] in HEAVY_OPS)
         if kind else frozenset(),
         fusion=rules,

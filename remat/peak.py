@@ -14,6 +14,14 @@ The step is simulated on the joint graph, value by value, the way the partitione
 Views own no storage: a storage lives until the last use of any view of it. Graph inputs
 (parameters and the caller's inputs) exist before the step and are not counted. The peak is the
 largest sum of live storage bytes after any op.
+
+That is how the uncompiled backend runs (``Schedule.fusion is None``): exact, measured to the
+byte. Under Inductor (``Schedule.fusion`` set) the same step is replayed kernel by kernel
+instead: ``remat.fusion`` lowers the forward and the backward the way Inductor does, so only
+stored values take memory, a value an inlined expression reads lives until the last kernel that
+recomputes it, fused kernels allocate their buffers together, and buffers are written in place or
+reused; ops only the backward needs are computed in the forward right after their inputs
+(``early_order``), and extern kernels add their scratch (``Schedule.workspace``) while they run.
 """
 
 from __future__ import annotations
@@ -53,6 +61,10 @@ class Schedule:
     """How Inductor lowers each node (``remat.fusion.KINDS``); empty: unknown."""
     ops: tuple[int, ...] = ()
     """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
+    dtype: tuple[str, ...] = ()
+    """Element type of each node's value (Inductor reuses a freed buffer only for the same one)."""
+    workspace: tuple[int, ...] = ()
+    """Scratch bytes each (extern) node holds while it runs, beyond its output."""
     heavy: frozenset[int] = frozenset()
     """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
     fusion: FusionRules | None = None
@@ -141,6 +153,8 @@ class _Step:
     label: str
     allocs: tuple[_Key, ...]
     reads: frozenset[_Key]
+    scratch: int = 0
+    """Bytes held only while the step runs."""
 
 
 def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
@@ -174,12 +188,15 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
     bwd_given = saved | pre | set(s.tangent)
     bwd_nodes = set(bwd)
 
+    alias: list[dict[int, int]] = [{}, {}]  # per phase: node -> the storage it lives in
+
     def storage(u: int, phase: int) -> _Key:
         r = s.root[u]
         if phase and r in bwd_nodes | set(s.tangent):
-            return (r, 1)
-        return (r, 0)
+            return (alias[1].get(r, r), 1)
+        return (alias[0].get(r, r), 0)
 
+    fwd = early_order(s, fwd, _ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
     graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
     boundary = 0
     for phase, nodes, given, outputs in graphs:
@@ -187,11 +204,12 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
 
         def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
             if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
-                return storage(u, 1) if u in s.tangent else (s.root[u], 0)
+                return storage(u, 1 if u in s.tangent else 0)
             return (u, phase)
 
         storage_outputs = {s.root[v] if v in given else v for v in outputs}
-        ks, _ = kernels(nodes, s.inputs, kind, s.nbytes, lowered, given | storage_outputs, rules)
+        ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
+                                   rules)
         if phase == 1:
             boundary = len(steps)
             for t in sorted(s.tangent):
@@ -204,8 +222,35 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
                     nbytes[key(a)] = s.nbytes[a]
             steps.append(_Step(f"{where}:{s.names[k.node] if s.names else k.node}",
                                tuple(key(a) for a in k.allocs if a not in pre),
-                               frozenset(key(u) for u in k.reads if u not in pre)))
+                               frozenset(key(u) for u in k.reads if u not in pre),
+                               sum(s.workspace[v] for v in k.nodes) if s.workspace else 0))
     return steps, boundary, nbytes, storage
+
+
+def early_order(s: Schedule, nodes: list[int], main: set[int]) -> list[int]:
+    """``nodes`` (in graph order) with every node outside ``main`` moved to just after its last
+    input: Inductor fuses a value only the backward needs (a saved layer-norm statistic, a
+    derivative the forward precomputes) into the kernel of the values it reads."""
+    order = [v for v in nodes if v in main]
+    pos = {v: i for i, v in enumerate(order)}
+    after: dict[int, list[int]] = {}
+    for v in nodes:
+        if v in main:
+            continue
+        anchor = max((u for u in s.inputs[v] if u in pos), key=pos.__getitem__, default=None)
+        after.setdefault(anchor, []).append(v)
+        pos[v] = pos[anchor] if anchor is not None else -1
+    out = list(after.get(None, []))
+    stack: list[int] = []
+    for v in order:
+        out.append(v)
+        stack = [v]
+        while stack:
+            w = stack.pop()
+            for x in after.get(w, []):
+                out.append(x)
+                stack.append(x)
+    return out
 
 
 def _replay(steps: list[_Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
@@ -232,8 +277,8 @@ def _replay(steps: list[_Step], boundary: int, nbytes: dict[_Key, int], pin_end:
         if t == boundary:
             at_boundary, fwd_peak = live, peak
         live += sum(nbytes.get(k, 0) for k in st.allocs)
-        if live > peak:
-            peak, at = live, st.label
+        if live + st.scratch > peak:
+            peak, at = live + st.scratch, st.label
         live -= frees.get(t, 0)
     if boundary == end:
         at_boundary, fwd_peak = live, peak
