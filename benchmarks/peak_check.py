@@ -94,8 +94,8 @@ def table(rows: list[dict]) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['workload']} | {r['backend']} | {b} | {r['status']}: {r['message'][:100]} |||")
             continue
-        lines.append(f"| {r['workload']} | {r['backend']} | {b} | {r['predicted_bytes'] / 2**20:.1f} | "
-                     f"{r['measured_bytes'] / 2**20:.1f} | {r['error']:+.1%} | {r['eager_peak_bytes'] / 2**20:.1f} |")
+        lines.append(f"| {r['workload']} | {r['backend']} | {b} | {r['predicted_bytes'] / 2**20:.2f} | "
+                     f"{r['measured_bytes'] / 2**20:.2f} | {r['error']:+.1%} | {r['eager_peak_bytes'] / 2**20:.2f} |")
     return "\n".join(lines)
 
 

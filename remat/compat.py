@@ -219,7 +219,7 @@ def inductor_runs_extern(op: OpOverload) -> bool:
     """Whether Inductor runs ``op`` as an extern kernel (a library call or an eager fallback that
     writes a new buffer and reads realized inputs) rather than generating code for it: ops in
     ``torch._inductor.lowering.needs_realized_inputs`` or ``fallbacks``, or with no lowering at
-    all (implicit fallback). Checked on 2.13 (the names exist in 2.11; read defensively)."""
+    all (implicit fallback). Checked on 2.11 and 2.13 (read defensively)."""
     from torch._inductor import lowering
 
     if op in getattr(lowering, "needs_realized_inputs", ()) or op in getattr(lowering, "fallbacks", ()):

@@ -98,6 +98,12 @@ class FusionRules:
     """Store a value with several readers whose expression has an exp/log/tanh/sigmoid (CPU)."""
     kernel_groups: bool = False
     """Stored values between two extern kernels share one fused kernel's allocation."""
+    stage_local: bool = False
+    """Work of two different blocks is never fused (remat compiles with stage-local fusion)."""
+    one_kernel_between_externs: bool = False
+    """All fused kernels between two extern kernels are emitted as one kernel that allocates
+    every buffer before it runs and frees after it (the C++ backend's kernel groups); in-place
+    writes are still decided per fused kernel."""
     mix_order_splits: bool = False
     """A reduction over leading dimensions sharing a full read with a row reduction starts a new
     group (GPU: Inductor's mix-order reduction kernels)."""
@@ -111,8 +117,8 @@ class FusionRules:
 
 
 CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
-                  kernel_groups=True, local_buffers=True)
-GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True)
+                  kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
+GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True)
 
 
 def rules_for(device: str) -> FusionRules:
@@ -234,10 +240,12 @@ class Kernel:
 
 def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str],
             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, graph_inputs: Iterable[int],
-            outputs: Iterable[int], rules: FusionRules) -> tuple[list[Kernel], dict[int, int]]:
+            outputs: Iterable[int], rules: FusionRules,
+            block: Sequence[str | None] = ()) -> tuple[list[Kernel], dict[int, int]]:
     """The kernels of a lowered graph in execution order (see Note [Inductor allocation]), and
     the stored nodes that take over another node's storage (written in place, or reusing a freed
-    buffer): node -> that storage."""
+    buffer): node -> that storage. ``block``: each node's block; kernels of two different blocks
+    are never fused (remat compiles with stage-local fusion, Note [Stage-local fusion])."""
     given, outs = set(graph_inputs), set(outputs)
     reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in inputs[v])) - {v}
              for v in nodes if v in lowered.stored}
@@ -245,7 +253,7 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     def numel(u: int) -> int:
         return nbytes[u] // _ITEMSIZE.get(_dt(dtype, u), 1)
 
-    groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel)
+    groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel, block)
     if rules.local_buffers:
         # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
         local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs)
@@ -255,6 +263,14 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     alias: dict[int, int] = {}
     if rules.inplace:
         alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs)
+    if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
+        merged: list[list[int]] = []
+        for g in groups:
+            if merged and not _is_extern(kind, g[0]) and not _is_extern(kind, merged[-1][-1]):
+                merged[-1] += g
+            else:
+                merged.append(list(g))
+        groups = merged
     if rules.reuse:
         alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs)
     alias = {v: storage_of(alias, v) for v in alias}
@@ -271,7 +287,8 @@ def storage_of(alias: dict[int, int], v: int) -> int:
 
 
 def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: FusionRules,
-            reads: dict[int, frozenset[int]], numel: Callable[[int], int]) -> tuple[list[list[int]], set[int]]:
+            reads: dict[int, frozenset[int]], numel: Callable[[int], int],
+            block: Sequence[str | None] = ()) -> tuple[list[list[int]], set[int]]:
     """Stored nodes per kernel: one each, or (``kernel_groups``) every run of non-extern ones.
     With ``mix_order_splits``, a reduction over leading dimensions that shares a full read with
     a reduction over trailing dimensions starts a new run: Inductor fuses the two into a
@@ -287,14 +304,19 @@ def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: 
                 if any(full & reads[w] for w in rows):
                     mixed.add(v)
     groups: list[list[int]] = []
+    blocks: set[str] = set()  # the blocks of the current group
     for v in nodes:
         if v not in lowered.stored:
             continue
+        b = block[v] if rules.stage_local and v < len(block) else None
         if (rules.kernel_groups and groups and v not in mixed and not _is_extern(kind, v)
-                and not _is_extern(kind, groups[-1][-1])):
+                and not _is_extern(kind, groups[-1][-1]) and (b is None or not blocks or b in blocks)):
             groups[-1].append(v)
         else:
             groups.append([v])
+            blocks = set()
+        if b is not None:
+            blocks.add(b)
     return groups, mixed
 
 
@@ -309,8 +331,9 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
         for u in rd:
             readers.setdefault(u, []).append(v)
     return {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
-            and all(group_of.get(w) == group_of[v] and _kind(kind, w) in ("pointwise", "reduction")
-                    for w in readers[v])}
+            and all(group_of.get(w) == group_of[v] for w in readers[v])
+            and len({_kind(kind, w) for w in readers[v]}) == 1
+            and _kind(kind, readers[v][0]) in ("pointwise", "reduction")}
 
 
 def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],

@@ -499,6 +499,7 @@ def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs:
         ops=tuple(_own_ops(n) for n in nodes) if kind else (),
         dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes) if kind else (),
         workspace=tuple(_workspace(n) for n in nodes) if kind else (),
+        block=tuple(block_of(n) if n.op == "call_function" else None for n in nodes) if kind else (),
         heavy=frozenset(i for i, n in enumerate(nodes) if _packet(op_name(n)).split(".")[-1] in HEAVY_OPS)
         if kind else frozenset(),
         fusion=rules,

@@ -63,6 +63,9 @@ class Schedule:
     """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
     dtype: tuple[str, ...] = ()
     """Element type of each node's value (Inductor reuses a freed buffer only for the same one)."""
+    block: tuple[str | None, ...] = ()
+    """The repeated block each node belongs to (``graph.block_of``): remat compiles with
+    stage-local fusion, so no Inductor kernel spans two blocks."""
     workspace: tuple[int, ...] = ()
     """Scratch bytes each (extern) node holds while it runs, beyond its output."""
     heavy: frozenset[int] = frozenset()
@@ -186,13 +189,12 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
     steps: list[_Step] = []
     nbytes: dict[_Key, int] = {}
     bwd_given = saved | pre | set(s.tangent)
-    bwd_nodes = set(bwd)
-
+    bwd_side = set(bwd) | set(s.tangent)
     alias: list[dict[int, int]] = [{}, {}]  # per phase: node -> the storage it lives in
 
     def storage(u: int, phase: int) -> _Key:
         r = s.root[u]
-        if phase and r in bwd_nodes | set(s.tangent):
+        if phase and r in bwd_side:
             return (alias[1].get(r, r), 1)
         return (alias[0].get(r, r), 0)
 
@@ -209,7 +211,7 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
 
         storage_outputs = {s.root[v] if v in given else v for v in outputs}
         ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
-                                   rules)
+                                   rules, s.block)
         if phase == 1:
             boundary = len(steps)
             for t in sorted(s.tangent):

@@ -129,8 +129,9 @@ def test_pointwise_kernel_writes_in_place_into_a_dying_buffer():
     ids = {n: i for i, n in enumerate(s.names)}
     _, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
                               s.fwd_outputs, s.fusion)
-    assert alias == {ids["b"]: ids["a"]}
-    assert simulate(s, set()).peak_bytes == 200  # b is written into a: never three buffers at once
+    assert alias[ids["b"]] == ids["a"]  # written in place
+    assert alias[ids["e"]] == ids["c"]  # the matmul's output reuses c, freed by the kernel before
+    assert simulate(s, set()).peak_bytes == 200  # never three buffers at once
     assert simulate(dataclasses.replace(s, fusion=dataclasses.replace(s.fusion, inplace=False, reuse=False)),
                     set()).peak_bytes == 300
 
@@ -192,7 +193,7 @@ def measured_peak(model, x):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, size, budget", [
     ("pointwise", "small", None),  # one C++ kernel holds every layer's backward buffers
-    ("mlp", "medium", 0.5),
+    ("mlp", "medium", 1.0),
     ("gpt", "small", None),
 ])
 def test_predicted_peak_matches_measured_under_inductor(name, size, budget):
