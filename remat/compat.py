@@ -37,6 +37,7 @@ __all__ = [
     "compile_fx",
     "inductor_partitioner",
     "register_backend",
+    "inductor_runs_extern",
 ]
 
 # Note [Eager RNG order]
@@ -212,6 +213,19 @@ def stage_local_fusion() -> Iterator[None]:
     handler.__dict__.update(getattr(inner, "__dict__", {}))
     with V.set_choices_handler(handler):
         yield
+
+
+def inductor_runs_extern(op: OpOverload) -> bool:
+    """Whether Inductor runs ``op`` as an extern kernel (a library call or an eager fallback that
+    writes a new buffer and reads realized inputs) rather than generating code for it: ops in
+    ``torch._inductor.lowering.needs_realized_inputs`` or ``fallbacks``, or with no lowering at
+    all (implicit fallback). Checked on 2.11 and 2.13 (read defensively)."""
+    from torch._inductor import lowering
+
+    if op in getattr(lowering, "needs_realized_inputs", ()) or op in getattr(lowering, "fallbacks", ()):
+        return True
+    table = getattr(lowering, "lowerings", None)
+    return table is not None and op not in table and op.overloadpacket not in table
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from . import compat, cost
+from . import compat, cost, fusion
 from .peak import Schedule
 from .policy import OpInfo
 from .solver import Problem
@@ -279,8 +279,10 @@ def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
 
 
 def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int],
-            device_model: cost.DeviceModel | None = None) -> JointGraph:
-    """Classify the joint graph's nodes (see the module docstring)."""
+            device_model: cost.DeviceModel | None = None, backend: str = "eager") -> JointGraph:
+    """Classify the joint graph's nodes (see the module docstring). ``backend`` is how the
+    partitioned graphs will run: its schedule simulates the step op by op (``"eager"``, the
+    uncompiled backend) or as Inductor's kernels (``"inductor"``; ``remat.fusion``)."""
     graph = gm.graph
     primals = [n for n in graph.nodes if n.op == "placeholder" and not _is_tangent(n)]
     static = {primals[i] for i in static_input_indices if i < len(primals)}
@@ -372,17 +374,110 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     jg = JointGraph(values, index, facts, ops, inputs, costs, needed,
                     {i for i, n in enumerate(values) if n in forward_nodes})
     jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
-    jg.schedule, ids = _schedule(graph, backward, fwd_outs, bwd_outs, set(primals))
+    jg.schedule, ids = _schedule(graph, backward, fwd_outs, bwd_outs, set(primals),
+                                 fusion.rules_for(_device(gm)) if backend == "inductor" else None)
     jg.sched_ids = [ids[n] for n in values]
     jg.node_ops = {i: op_name(n) for n, i in ids.items()}
     _recompute_costs(jg, device_model or device_model_for(gm))
     return jg
 
 
+def _device(gm: fx.GraphModule) -> str:
+    """The device type of the graph's first tensor on an accelerator, else ``"cpu"``."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type != "cpu":
+            return val.device.type
+    return "cpu"
+
+
+HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+"""Ops whose presence makes Inductor's CPU backend store a reused value rather than repeat it
+(``StorageBox.should_realize_on_reuse``; 2.11, 2.13)."""
+
+
+def lowering_kind(node: fx.Node, extern: bool) -> str:
+    """How Inductor lowers ``node`` (``remat.fusion.KINDS``). ``extern``: whether Inductor runs
+    this op as an extern kernel (``compat.inductor_runs_extern``)."""
+    if node.op != "call_function":
+        return "input"
+    if view_root(node) is not node:
+        return "view"
+    op = op_name(node)
+    target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
+    f = _flags(target, op_name(target))
+    if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
+                               "is_mutating")) or extern:
+        return "extern"
+    if f.get("is_random"):
+        return "random"
+    if "reduction_ratio" in f:
+        return "reduction" if _reduces_last_dims(target) else "outer-reduction"
+    return "pointwise"
+
+
+def _reduces_last_dims(node: fx.Node) -> bool:
+    """Whether a reduction reduces its input's trailing dimensions (a row of a matrix, as a
+    layer norm does), rather than leading ones (a bias gradient summing over the batch)."""
+    ins = _tensor_inputs(node)
+    ndim = len(cost.shape(ins[0].meta.get("val"))) if ins else 0
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)) or not dims or not ndim:
+        return True
+    got = sorted(d % ndim for d in dims if isinstance(d, int))
+    return got == list(range(ndim - len(got), ndim))
+
+
+def _workspace(node: fx.Node) -> int:
+    """Scratch bytes an extern kernel holds while it runs. Attention backward kernels accumulate
+    the query gradient in float32 (FlashAttention's ``dq_accum``; CPU's flash attention keeps
+    per-thread float32 blocks of at least that size): 4 bytes per element of the query gradient."""
+    op = op_name(node)
+    if not (op.startswith("aten.") and "attention" in op and "backward" in op):
+        return 0
+    val = node.meta.get("val")
+    first = val[0] if isinstance(val, (tuple, list)) and val else val
+    return 4 * cost.numel(first) if isinstance(first, torch.Tensor) else 0
+
+
+def _runs_extern(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    t = node.target
+    if t is operator.getitem and isinstance(node.args[0], fx.Node):
+        t = node.args[0].target
+    return isinstance(t, compat.OpOverload) and compat.inductor_runs_extern(t)
+
+
+LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
+
+
+def _own_ops(node: fx.Node) -> int:
+    """Ops a pointwise node adds to an inlined Inductor expression: itself and its scalar
+    constants; Inductor computes low-precision values in float32, so a bf16/fp16 result adds a
+    cast down and back (2) and each low-precision operand a cast up (2, with its precision-emulation
+    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (2.13)."""
+    if node.op != "call_function":
+        return 0
+    low = {a for a in _tensor_inputs(node) if a.meta["val"].dtype in LOW_PRECISION}
+    val = node.meta.get("val")
+    out_low = isinstance(val, torch.Tensor) and val.dtype in LOW_PRECISION
+    if op_name(node) in CAST_OPS:
+        return 3 if out_low else 1
+    scalars = [a for a in node.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    return 1 + len(scalars) + (2 if out_low else 0) + 2 * len(low)
+
+
 def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs: list,
-              primals: set[fx.Node]) -> tuple[Schedule, dict[fx.Node, int]]:
+              primals: set[fx.Node], rules: fusion.FusionRules | None = None
+              ) -> tuple[Schedule, dict[fx.Node, int]]:
     nodes = [n for n in graph.nodes if n.op != "output"]
     ids = {n: i for i, n in enumerate(nodes)}
+    kind: tuple[str, ...] = ()
+    if rules is not None:
+        kind = tuple(lowering_kind(n, _runs_extern(n)) for n in nodes)
     nbytes, root = [], []
     for n in nodes:
         r = view_root(n) if n.op == "call_function" else n
@@ -400,6 +495,14 @@ def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs:
         fwd_outputs=tuple(ids[a] for a in fwd_outs if isinstance(a, fx.Node) and a in ids),
         bwd_outputs=tuple(ids[a] for a in bwd_outs if isinstance(a, fx.Node) and a in ids),
         names=tuple(n.name for n in nodes),
+        kind=kind,
+        ops=tuple(_own_ops(n) for n in nodes) if kind else (),
+        dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes) if kind else (),
+        workspace=tuple(_workspace(n) for n in nodes) if kind else (),
+        block=tuple(block_of(n) if n.op == "call_function" else None for n in nodes) if kind else (),
+        heavy=frozenset(i for i, n in enumerate(nodes) if _packet(op_name(n)).split(".")[-1] in HEAVY_OPS)
+        if kind else frozenset(),
+        fusion=rules,
     ), ids
 
 

@@ -131,7 +131,7 @@ def plan_joint_graph(
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
     )
     cse(gm)
-    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model, options.backend)
     no_recompute, no_save, reasons = _decisions(jg, options)
     problem = jg.problem(no_recompute, no_save)
     try:

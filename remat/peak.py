@@ -14,6 +14,14 @@ The step is simulated on the joint graph, value by value, the way the partitione
 Views own no storage: a storage lives until the last use of any view of it. Graph inputs
 (parameters and the caller's inputs) exist before the step and are not counted. The peak is the
 largest sum of live storage bytes after any op.
+
+That is how the uncompiled backend runs (``Schedule.fusion is None``): exact, measured to the
+byte. Under Inductor (``Schedule.fusion`` set) the same step is replayed kernel by kernel
+instead: ``remat.fusion`` lowers the forward and the backward the way Inductor does, so only
+stored values take memory, a value an inlined expression reads lives until the last kernel that
+recomputes it, fused kernels allocate their buffers together, and buffers are written in place or
+reused; ops only the backward needs are computed in the forward right after their inputs
+(``early_order``), and extern kernels add their scratch (``Schedule.workspace``) while they run.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
+
+from .fusion import FusionRules, kernels, lower
 
 __all__ = ["Schedule", "PeakResult", "simulate", "backward_order", "lazy_order"]
 
@@ -47,6 +57,22 @@ class Schedule:
     fwd_outputs: tuple[int, ...]
     bwd_outputs: tuple[int, ...]
     names: tuple[str, ...] = ()
+    kind: tuple[str, ...] = ()
+    """How Inductor lowers each node (``remat.fusion.KINDS``); empty: unknown."""
+    ops: tuple[int, ...] = ()
+    """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
+    dtype: tuple[str, ...] = ()
+    """Element type of each node's value (Inductor reuses a freed buffer only for the same one)."""
+    block: tuple[str | None, ...] = ()
+    """The repeated block each node belongs to (``graph.block_of``): remat compiles with
+    stage-local fusion, so no Inductor kernel spans two blocks."""
+    workspace: tuple[int, ...] = ()
+    """Scratch bytes each (extern) node holds while it runs, beyond its output."""
+    heavy: frozenset[int] = frozenset()
+    """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
+    fusion: FusionRules | None = None
+    """``None``: the step runs op by op (uncompiled). Otherwise it runs as Inductor's kernels
+    under these rules (``remat.fusion``); needs ``kind``."""
 
     @property
     def n(self) -> int:
@@ -108,46 +134,154 @@ def backward_order(s: Schedule, saved: set[int]) -> list[int]:
 
 
 def simulate(s: Schedule, saved: set[int]) -> PeakResult:
-    """Peak live bytes of a step that saves ``saved`` (node ids) for the backward."""
+    """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
+    (``s.fusion is None``, the uncompiled backend) or kernel by kernel as Inductor lowers the
+    two graphs (``remat.fusion``)."""
     pre = set(s.graph_input)
     fwd = sorted(_ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
     bwd = backward_order(s, saved)
-    in_bwd = set(bwd) | set(s.tangent)
-    # A value recomputed in the backward is a second instance: key (node, 1); forward ones (node, 0).
-    timeline = [((v, 0), "forward") for v in fwd] + [((v, 1), "backward") for v in sorted(s.tangent)]
-    timeline += [((v, 1), "backward") for v in bwd]
-    boundary = len(fwd)
+    build = _op_steps if s.fusion is None else _kernel_steps
+    steps, boundary, nbytes, storage = build(s, set(saved), fwd, bwd)
+    pin_end = {storage(v, 0) for v in s.fwd_outputs}
+    pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *s.tangent)}  # the autograd Function holds them
+    pin_boundary = {storage(v, 0) for v in saved}  # saved values live at least to the boundary
+    return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
 
-    def storage(u: int, phase: int) -> tuple[int, int]:
+
+_Key = tuple[int, int]  # (storage-owning node, 0 in the forward or 1 in the backward)
+
+
+@dataclass(frozen=True)
+class _Step:
+    label: str
+    allocs: tuple[_Key, ...]
+    reads: frozenset[_Key]
+    scratch: int = 0
+    """Bytes held only while the step runs."""
+
+
+def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+    """One step per op; every op's output is a tensor (the uncompiled backend)."""
+    pre = set(s.graph_input)
+    in_bwd = set(bwd) | set(s.tangent)
+
+    def storage(u: int, phase: int) -> _Key:
         r = s.root[u]
         return (r, 1) if phase and u in in_bwd and r in in_bwd else (r, 0)
 
-    end = len(timeline)
-    last_use: dict[tuple[int, int], int] = {}
-    for t, ((v, phase), _) in enumerate(timeline):
-        for u in s.inputs[v]:
-            last_use[storage(u, phase)] = t
-    for v in s.fwd_outputs:
-        last_use[storage(v, 0)] = end
-    for v in (*s.bwd_outputs, *s.tangent):  # the autograd Function holds its grads to the end
-        last_use[storage(v, 1)] = end
-    for v in saved:  # saved values live at least to the boundary
-        k = storage(v, 0)
+    timeline = [(v, 0) for v in fwd] + [(v, 1) for v in sorted(s.tangent)] + [(v, 1) for v in bwd]
+    steps, nbytes = [], {}
+    for v, phase in timeline:
+        own = bool(s.nbytes[v]) and s.root[v] == v and v not in pre
+        if own:
+            nbytes[(v, phase)] = s.nbytes[v]
+        where = "forward" if phase == 0 else "backward"
+        steps.append(_Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
+                           frozenset(storage(u, phase) for u in s.inputs[v])))
+    return steps, len(fwd), nbytes, storage
+
+
+def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+    """One step per Inductor kernel of the forward and of the backward (``remat.fusion``)."""
+    rules = s.fusion
+    pre = set(s.graph_input)
+    kind, ops = s.kind, s.ops or (1,) * s.n
+    steps: list[_Step] = []
+    nbytes: dict[_Key, int] = {}
+    bwd_given = saved | pre | set(s.tangent)
+    bwd_side = set(bwd) | set(s.tangent)
+    alias: list[dict[int, int]] = [{}, {}]  # per phase: node -> the storage it lives in
+
+    def storage(u: int, phase: int) -> _Key:
+        r = s.root[u]
+        if phase and r in bwd_side:
+            return (alias[1].get(r, r), 1)
+        return (alias[0].get(r, r), 0)
+
+    fwd = early_order(s, fwd, _ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
+    graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
+    boundary = 0
+    for phase, nodes, given, outputs in graphs:
+        lowered = lower(nodes, s.inputs, kind, ops, s.heavy, given, outputs, rules)
+
+        def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
+            if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
+                return storage(u, 1 if u in s.tangent else 0)
+            return (u, phase)
+
+        storage_outputs = {s.root[v] if v in given else v for v in outputs}
+        ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
+                                   rules, s.block)
+        if phase == 1:
+            boundary = len(steps)
+            for t in sorted(s.tangent):
+                nbytes[(t, 1)] = s.nbytes[t]
+                steps.append(_Step(f"backward:{s.names[t] if s.names else t}", ((t, 1),), frozenset()))
+        where = "forward" if phase == 0 else "backward"
+        for k in ks:
+            for a in k.allocs:
+                if a not in pre:
+                    nbytes[key(a)] = s.nbytes[a]
+            steps.append(_Step(f"{where}:{s.names[k.node] if s.names else k.node}",
+                               tuple(key(a) for a in k.allocs if a not in pre),
+                               frozenset(key(u) for u in k.reads if u not in pre),
+                               sum(s.workspace[v] for v in k.nodes) if s.workspace else 0))
+    return steps, boundary, nbytes, storage
+
+
+def early_order(s: Schedule, nodes: list[int], main: set[int]) -> list[int]:
+    """``nodes`` (in graph order) with every node outside ``main`` moved to just after its last
+    input: Inductor fuses a value only the backward needs (a saved layer-norm statistic, a
+    derivative the forward precomputes) into the kernel of the values it reads."""
+    order = [v for v in nodes if v in main]
+    pos = {v: i for i, v in enumerate(order)}
+    after: dict[int, list[int]] = {}
+    for v in nodes:
+        if v in main:
+            continue
+        anchor = max((u for u in s.inputs[v] if u in pos), key=pos.__getitem__, default=None)
+        after.setdefault(anchor, []).append(v)
+        pos[v] = pos[anchor] if anchor is not None else -1
+    out = list(after.get(None, []))
+    stack: list[int] = []
+    for v in order:
+        out.append(v)
+        stack = [v]
+        while stack:
+            w = stack.pop()
+            for x in after.get(w, []):
+                out.append(x)
+                stack.append(x)
+    return out
+
+
+def _replay(steps: list[_Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
+            pin_boundary: set[_Key]) -> PeakResult:
+    """Live bytes step by step: a storage is allocated by its step and freed after its last
+    read (pinned ones live to the end, or at least to the boundary)."""
+    end = len(steps)
+    last_use: dict[_Key, int] = {}
+    for t, st in enumerate(steps):
+        for k in st.reads:
+            last_use[k] = t
+    for k in pin_end:
+        last_use[k] = end
+    for k in pin_boundary:
         last_use[k] = max(last_use.get(k, 0), boundary)
-    frees: dict[int, list[int]] = {}
-    for t, ((v, phase), _) in enumerate(timeline):
-        if s.nbytes[v] and s.root[v] == v and v not in pre:
-            frees.setdefault(max(last_use.get((v, phase), t), t), []).append(s.nbytes[v])
+    frees: dict[int, int] = {}
+    for t, st in enumerate(steps):
+        for k in st.allocs:
+            f = max(last_use.get(k, t), t)
+            frees[f] = frees.get(f, 0) + nbytes.get(k, 0)
     live = peak = at_boundary = fwd_peak = 0
     at = "nothing"
-    for t, ((v, _phase), where) in enumerate(timeline):
+    for t, st in enumerate(steps):
         if t == boundary:
             at_boundary, fwd_peak = live, peak
-        if s.nbytes[v] and s.root[v] == v and v not in pre:
-            live += s.nbytes[v]
-        if live > peak:
-            peak, at = live, f"{where}:{s.names[v] if s.names else v}"
-        live -= sum(frees.get(t, ()))
+        live += sum(nbytes.get(k, 0) for k in st.allocs)
+        if live + st.scratch > peak:
+            peak, at = live + st.scratch, st.label
+        live -= frees.get(t, 0)
     if boundary == end:
         at_boundary, fwd_peak = live, peak
     return PeakResult(peak, at, at_boundary, fwd_peak)

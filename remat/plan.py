@@ -84,9 +84,12 @@ class Plan:
     nodes: tuple[PlanNode, ...] = field(default=(), repr=False)
     """Every node of the joint graph with its status, in graph order (empty for a fallback)."""
     predicted_peak_bytes: int = 0
-    """Predicted peak activation memory of one step under this plan (see ``remat.peak``)."""
+    """Predicted peak activation memory of one step under this plan, as the chosen backend runs
+    it: op by op (``"eager"``) or as Inductor's kernels (``"inductor"``; see ``remat.peak``)."""
     eager_peak_bytes: int = 0
-    """Predicted peak of the same graph saving what autograd saves, recomputing nothing."""
+    """Predicted peak of eager autograd on the same graph: saving what autograd saves,
+    recomputing nothing, run uncompiled op by op (whatever the backend). Budget fractions are
+    fractions of it."""
     recompute_flops: int = 0
     """Estimated FLOPs of the recomputed ops."""
     recompute_seconds: float = 0.0

@@ -69,7 +69,10 @@ def test_explain_matches_compiled_plan():
     unwrapped = remat.explain(model, x)  # the unwrapped model, default options
     # Dynamo traces the wrapped copy with a few more alias nodes; the decision is the same.
     assert str(unwrapped) == str(explained)
-    assert unwrapped.predicted_peak_bytes == explained.predicted_peak_bytes
+    # The predicted peak follows the backend (default: Inductor, which stores fewer values);
+    # eager autograd's peak does not.
+    assert unwrapped.eager_peak_bytes == explained.eager_peak_bytes
+    assert unwrapped.predicted_peak_bytes < explained.predicted_peak_bytes
 
 
 def test_no_plan_without_grad_or_in_eval():

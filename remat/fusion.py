@@ -1,0 +1,443 @@
+"""Which values Inductor stores in memory, and how its kernels allocate them. Pure: no torch import.
+
+The uncompiled backend runs the joint graph op by op: every op's output is a tensor. Inductor
+lowers each graph (the forward, and the backward with its recompute) into kernels, and most
+values never reach memory. ``lower`` decides, for one graph, which values become *buffers*,
+following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_node``,
+``ir.py: StorageBox.realize_hint / mark_reuse / has_exceeded_max_reads``,
+``lowering.py: make_reduction, needs_realized_inputs``; torch 2.11 and 2.13):
+
+* graph inputs exist; graph outputs (forward outputs, saved values, gradients) are stored;
+* extern kernels (matmul, convolution, attention, ops without a lowering) store their outputs
+  and read stored inputs: a value an extern kernel reads is stored (*extern input*);
+* reductions are stored (``make_reduction`` realizes them); so are random values;
+* a pointwise value is *inlined*: each kernel that reads it recomputes it from the values its
+  expression reads, so those values stay alive until the last such kernel runs (the
+  simulator's lifetimes follow these reads, not the graph's edges). It is stored instead when
+  (Note [Inductor realization]):
+
+  - it has several readers and its expression is expensive to repeat: more than
+    ``reads_threshold`` buffer reads, more than ``opcount_threshold`` ops, or (CPU only) an
+    ``exp``/``log``/``tanh``/``sigmoid`` in it (``StorageBox.should_realize_on_reuse``);
+  - it has several readers and one is a graph output or a matmul (``realize_hint``);
+  - its expression has accumulated more than ``acc_reads_threshold`` reads or
+    ``opcount_threshold`` ops (``has_exceeded_max_reads``), or more than 100 ops;
+
+* views alias the value they view (stored or inlined alike).
+
+``kernels`` then groups one lowered graph into the kernels the simulator replays, each with the
+storages it allocates before it runs and the storages it reads (Note [Inductor allocation]):
+fused kernels allocate all their buffers up front (``kernel_groups``); a buffer read only row by
+row inside its own fused kernel is never allocated (``local_buffers``); a kernel writes in place
+into a same-sized buffer it reads for the last time (``inplace``); a freed buffer is held for a
+later one of its size (``reuse``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "Lowered", "lower", "Kernel", "kernels"]
+
+KINDS = ("input", "view", "pointwise", "reduction", "outer-reduction", "extern", "random")
+"""How Inductor lowers an op: ``input`` (a placeholder), ``view`` (aliases its first input),
+``pointwise`` (an expression inlined into its readers unless realized), ``reduction`` (a stored
+reduction over the trailing dimensions, as in a layer norm), ``outer-reduction`` (a stored
+reduction over leading dimensions, as in a bias gradient), ``extern`` (a library or fallback
+kernel: stored output, stored inputs), ``random`` (a stored random value)."""
+
+# Note [Inductor realization]
+# Inductor decides while lowering the fx graph, node by node, whether a pointwise value gets a
+# buffer. The thresholds below are torch/_inductor/config.py's (2.11, 2.13): realize_reads_threshold
+# = 4; realize_acc_reads_threshold = 8 (realize_cpu_acc_reads_threshold = 12 on CPU);
+# realize_opcount_threshold = 30 (realize_cpu_opcount_threshold = 50 on CPU). "Several readers"
+# counts the distinct fx users of the node in its graph (the output node is one). The op count of
+# an inlined expression is estimated from the ops folded into it (``Schedule.ops``) plus one load
+# per buffer it reads; "reads" are the distinct buffers it loads.
+#
+# Note [Inductor allocation]
+# The wrapper Inductor generates allocates a kernel's output buffers just before the kernel and
+# frees each buffer after the last kernel that reads it. Inductor's scheduler fuses the pointwise
+# and reduction work between two extern kernels into as few kernels as their loops allow: the C++
+# backend into one kernel of several loop nests (the pointwise workload's whole backward is one
+# C++ kernel), Triton into one kernel with a loop per pass over a row (the pointwise workload's
+# whole forward is one Triton kernel). Every buffer of a fused kernel exists for the whole kernel.
+# ``kernel_groups`` models this as: the stored values between two extern kernels, in execution
+# order, form one group. Two refinements:
+# * a value read only by pointwise and row-reduction work of its own group, no reduction over
+#   the batch (a bias gradient), stays in registers or a per-row local buffer (``local_buffers``;
+#   C++: try_outer_loop_fusion_with_local_buf);
+# * on GPU a reduction over the batch that shares a full input with a row reduction is fused with
+#   it into a mix-order reduction kernel, which takes no other work: it starts a new group whose
+#   inputs stay stored (``mix_order_splits``; scheduler.py: MixOrderReduction, on by default in
+#   2.11 and 2.13).
+# Within these groups the wrapper writes a kernel's output into a same-sized input it reads for
+# the last time (config.inplace_buffers), and holds a freed buffer for a later one of the same
+# size and dtype when Inductor's own peak estimate allows it (config.allow_buffer_reuse;
+# wrapper.py: AllocateLine.plan). These rules reproduce the measured peaks of the reference
+# workloads to a few percent (benchmarks/README.md); they are not Inductor's scheduler, and a
+# graph whose fusion they misjudge is mispredicted.
+
+
+@dataclass(frozen=True, slots=True)
+class FusionRules:
+    """Inductor's realization thresholds and allocation habits on one device."""
+
+    device: str
+    reads_threshold: int = 4
+    """A value with several readers and more buffer reads than this is stored."""
+    acc_reads_threshold: int = 8
+    """An expression reading more buffers than this is stored."""
+    opcount_threshold: int = 30
+    """An expression with more ops than this is stored (if it has several readers, or reads
+    more than one buffer)."""
+    max_inline_ops: int = 100
+    """An expression with more ops than this is always stored."""
+    realize_heavy_reuse: bool = False
+    """Store a value with several readers whose expression has an exp/log/tanh/sigmoid (CPU)."""
+    kernel_groups: bool = False
+    """Stored values between two extern kernels share one fused kernel's allocation."""
+    stage_local: bool = False
+    """Work of two different blocks is never fused (remat compiles with stage-local fusion)."""
+    one_kernel_between_externs: bool = False
+    """All fused kernels between two extern kernels are emitted as one kernel that allocates
+    every buffer before it runs and frees after it (the C++ backend's kernel groups); in-place
+    writes are still decided per fused kernel."""
+    mix_order_splits: bool = False
+    """A reduction over leading dimensions sharing a full read with a row reduction starts a new
+    group (GPU: Inductor's mix-order reduction kernels)."""
+    local_buffers: bool = False
+    """A stored pointwise value read only by row-wise work of its own group is never allocated
+    (registers, or a C++ per-row local buffer)."""
+    inplace: bool = True
+    """A pointwise kernel writes into a same-sized buffer it reads for the last time."""
+    reuse: bool = True
+    """A freed buffer is held for a later one of its size when Inductor's peak estimate allows."""
+
+
+CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
+                  kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
+GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True)
+
+
+def rules_for(device: str) -> FusionRules:
+    """The rules of a device type (``"cpu"``, ``"cuda"``; other GPUs use the CUDA rules)."""
+    return CPU if device == "cpu" else GPU
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """One graph after lowering. ``stored``: nodes that get a buffer (views excluded). ``reads``:
+    for every node of the graph, the storages a kernel reading it loads (the node's own buffer,
+    a viewed buffer, or the buffers an inlined expression reads). Storages are node ids."""
+
+    stored: frozenset[int]
+    reads: dict[int, frozenset[int]] = field(default_factory=dict)
+
+
+@dataclass
+class _Expr:
+    """An inlined pointwise value: the buffers it loads and the nodes folded into it."""
+
+    reads: frozenset[int]
+    members: frozenset[int]
+    ops: int
+    heavy: bool
+
+
+def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str], ops: Sequence[int],
+          heavy: Iterable[int], graph_inputs: Iterable[int], outputs: Iterable[int],
+          rules: FusionRules) -> Lowered:
+    """Lower one graph: ``nodes`` in execution order, ``inputs`` (per node id, of the whole
+    schedule) their operands; ``graph_inputs`` exist before it runs; ``outputs`` it returns.
+    See the module docstring for the rules."""
+    member = set(nodes)
+    outs = set(outputs)
+    heavy = set(heavy)
+    users: dict[int, list[int]] = {v: [] for v in nodes}
+    for v in nodes:
+        for u in dict.fromkeys(inputs[v]):
+            if u in users:
+                users[u].append(v)
+    stored: set[int] = set()
+    reads: dict[int, frozenset[int]] = {g: frozenset({g}) for g in graph_inputs}
+    expr: dict[int, _Expr] = {}
+    base: dict[int, int] = {}  # view -> the node whose value it views (stored or inlined)
+
+    def store(v: int) -> None:
+        v = base.get(v, v)
+        if v in expr:
+            del expr[v]
+            stored.add(v)
+            reads[v] = frozenset({v})
+            for w, b in base.items():  # views of it now view a buffer
+                if b == v:
+                    reads[w] = reads[v]
+
+    for v in nodes:
+        k = kind[v] if v < len(kind) else "extern"
+        args = [u for u in dict.fromkeys(inputs[v]) if u in reads]
+        if k == "view":
+            b = base.get(args[0], args[0]) if args else v
+            base[v] = b
+            reads[v] = reads.get(b, frozenset())
+            continue
+        if k == "pointwise":
+            inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
+            rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
+            members = frozenset({v}).union(*(e.members for e in inlined))
+            e = _Expr(rd, members, sum(ops[w] if w < len(ops) else 1 for w in members) + len(rd),
+                      v in heavy or any(e.heavy for e in inlined))
+            expr[v], reads[v] = e, rd
+            _realize_pointwise(v, e, users[v], v in outs, kind, rules, store)
+            continue
+        if k == "extern":
+            for u in args:
+                store(u)
+        stored.add(v)
+        reads[v] = frozenset({v})
+    for v in outs:
+        if v in member:
+            store(v)
+    return Lowered(frozenset(stored), reads)
+
+
+def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, kind: Sequence[str],
+                       rules: FusionRules, store) -> None:
+    n_users = len(readers) + (1 if is_output else 0)
+    n_reads = len(e.reads)
+    if n_users > 1:
+        if is_output:
+            return store(v)
+        if n_reads > 1 and any(kind[w] == "extern" for w in readers if w < len(kind)):
+            return store(v)
+        if ((rules.realize_heavy_reuse and e.heavy) or e.ops > rules.opcount_threshold
+                or n_reads > rules.reads_threshold):
+            return store(v)
+    if n_reads > 1 and (n_reads > rules.acc_reads_threshold or e.ops > rules.opcount_threshold):
+        return store(v)
+    if e.ops > rules.max_inline_ops:
+        return store(v)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel of a lowered graph, in execution order: the stored nodes it computes
+    (``nodes``), the storages it allocates just before it runs and the storages it reads (node
+    ids; graph inputs included)."""
+
+    nodes: tuple[int, ...]
+    allocs: tuple[int, ...]
+    reads: frozenset[int]
+
+    @property
+    def node(self) -> int:
+        """The last node it computes (for reports)."""
+        return self.nodes[-1]
+
+
+def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str],
+            nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, graph_inputs: Iterable[int],
+            outputs: Iterable[int], rules: FusionRules,
+            block: Sequence[str | None] = ()) -> tuple[list[Kernel], dict[int, int]]:
+    """The kernels of a lowered graph in execution order (see Note [Inductor allocation]), and
+    the stored nodes that take over another node's storage (written in place, or reusing a freed
+    buffer): node -> that storage. ``block``: each node's block; kernels of two different blocks
+    are never fused (remat compiles with stage-local fusion, Note [Stage-local fusion])."""
+    given, outs = set(graph_inputs), set(outputs)
+    reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in inputs[v])) - {v}
+             for v in nodes if v in lowered.stored}
+
+    def numel(u: int) -> int:
+        return nbytes[u] // _ITEMSIZE.get(_dt(dtype, u), 1)
+
+    groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel, block)
+    if rules.local_buffers:
+        # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
+        local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs)
+        groups = [[v for v in g if v not in local] for g in groups]
+        reads = {v: rd - local for v, rd in reads.items() if v not in local}
+    groups = [g for g in groups if g]
+    alias: dict[int, int] = {}
+    if rules.inplace:
+        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs)
+    if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
+        merged: list[list[int]] = []
+        for g in groups:
+            if merged and not _is_extern(kind, g[0]) and not _is_extern(kind, merged[-1][-1]):
+                merged[-1] += g
+            else:
+                merged.append(list(g))
+        groups = merged
+    if rules.reuse:
+        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs)
+    alias = {v: storage_of(alias, v) for v in alias}
+    out = [Kernel(tuple(g), tuple(v for v in g if nbytes[v] and v not in alias),
+                  frozenset(alias.get(u, u) for v in g for u in reads[v])) for g in groups]
+    return out, alias
+
+
+def storage_of(alias: dict[int, int], v: int) -> int:
+    """The node whose storage ``v`` lives in, following ``alias`` chains."""
+    while v in alias:
+        v = alias[v]
+    return v
+
+
+def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: FusionRules,
+            reads: dict[int, frozenset[int]], numel: Callable[[int], int],
+            block: Sequence[str | None] = ()) -> tuple[list[list[int]], set[int]]:
+    """Stored nodes per kernel: one each, or (``kernel_groups``) every run of non-extern ones.
+    With ``mix_order_splits``, a reduction over leading dimensions that shares a full read with
+    a reduction over trailing dimensions starts a new run: Inductor fuses the two into a
+    mix-order reduction kernel with the row-wise work between them, not with what came before
+    (``scheduler.py: MixOrderReduction``; 2.11, 2.13)."""
+    mixed: set[int] = set()
+    if rules.mix_order_splits:
+        rows = [w for w in nodes if w in lowered.stored and _kind(kind, w) == "reduction"]
+        for v in nodes:
+            if v in lowered.stored and _kind(kind, v) == "outer-reduction":
+                big = max(map(numel, reads[v]), default=0)
+                full = {u for u in reads[v] if numel(u) == big}
+                if any(full & reads[w] for w in rows):
+                    mixed.add(v)
+    groups: list[list[int]] = []
+    blocks: set[str] = set()  # the blocks of the current group
+    for v in nodes:
+        if v not in lowered.stored:
+            continue
+        b = block[v] if rules.stage_local and v < len(block) else None
+        if (rules.kernel_groups and groups and v not in mixed and not _is_extern(kind, v)
+                and not _is_extern(kind, groups[-1][-1]) and (b is None or not blocks or b in blocks)):
+            groups[-1].append(v)
+        else:
+            groups.append([v])
+            blocks = set()
+        if b is not None:
+            blocks.add(b)
+    return groups, mixed
+
+
+def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
+                   keep: set[int]) -> set[int]:
+    """Stored pointwise values that every reader reads inside the same group, row by row
+    (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
+    per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13)."""
+    group_of = {v: i for i, g in enumerate(groups) for v in g}
+    readers: dict[int, list[int]] = {}
+    for v, rd in reads.items():
+        for u in rd:
+            readers.setdefault(u, []).append(v)
+    return {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
+            and all(group_of.get(w) == group_of[v] for w in readers[v])
+            and len({_kind(kind, w) for w in readers[v]}) == 1
+            and _kind(kind, readers[v][0]) in ("pointwise", "reduction")}
+
+
+def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
+             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int]) -> dict[int, int]:
+    """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
+    reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``)."""
+    group_of = {v: i for i, g in enumerate(groups) for v in g}
+    last: dict[int, int] = {}
+    for v, rd in reads.items():
+        for u in rd:
+            last[u] = max(last.get(u, -1), group_of[v])
+    alias: dict[int, int] = {}
+    taken: set[int] = set()
+    for i, g in enumerate(groups):
+        for v in g:
+            if not nbytes[v] or _is_extern(kind, v):
+                continue
+            for u in sorted(reads[v]):
+                s = alias.get(u, u)
+                if (s in lowered.stored and s not in keep and s not in taken and group_of.get(s, i) < i
+                        and last.get(s) == i and nbytes[s] == nbytes[v] and _dt(dtype, s) == _dt(dtype, v)):
+                    alias[v], last[s] = s, max(i, last.get(v, i))
+                    taken.add(s)
+                    break
+    return alias
+
+
+def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
+           dtype: Sequence[str], alias: dict[int, int], given: set[int], outs: set[int]) -> dict[int, int]:
+    """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
+    of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
+    graph's peak (bytes after each kernel, freeable inputs counted) allows it
+    (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``; 2.11, 2.13). Freed buffers
+    are reused last in, first out."""
+    alias = dict(alias)
+    n = len(groups)
+    last: dict[int, int] = {}
+    for i, g in enumerate(groups):
+        for v in g:
+            last.setdefault(v, i)
+            for u in reads[v]:
+                last[u] = i
+    holders: dict[int, list[int]] = {}  # storage -> the nodes living in it
+    for g in groups:
+        for v in g:
+            if nbytes[v]:
+                holders.setdefault(storage_of(alias, v), []).append(v)
+
+    def death(s: int) -> int:  # n: lives past the graph (an output)
+        return n if any(h in outs for h in holders[s]) else max(last[h] for h in holders[s])
+
+    dies = {s: death(s) for s in holders}
+    dying: dict[int, set[int]] = {}
+    for s, t in dies.items():
+        dying.setdefault(t, set()).add(s)
+    # Inductor's estimate: bytes after each kernel (its frees done), freeable inputs included.
+    delta = [0] * (n + 2)
+    for u in given:
+        if nbytes[u] and u in last:
+            delta[0] += nbytes[u]
+            delta[last[u] + 1] -= nbytes[u]
+    first = {v: i for i, g in enumerate(groups) for v in g}
+    for s, t in dies.items():
+        delta[first[s]] += nbytes[s]
+        delta[t + 1] -= nbytes[s]
+    after, mem = [], 0
+    for i in range(n):
+        mem += delta[i]
+        after.append(mem)
+    overall = max(after, default=0)
+    pool: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for i, g in enumerate(groups):
+        for a in g:
+            key = (nbytes[a], _dt(dtype, a))
+            if a not in holders or not pool.get(key):
+                continue
+            f, j = pool[key].pop()
+            if j + 1 == i or nbytes[a] + max(after[j + 1:i], default=0) <= overall:
+                alias[a] = f
+                holders[f] += holders.pop(a)
+                dying[dies.pop(a)].discard(a)
+                dies[f] = death(f)
+                dying.setdefault(dies[f], set()).add(f)
+                for k in range(j + 1, i):
+                    after[k] += nbytes[a]
+            else:
+                pool[key].append((f, j))
+        for s in sorted(dying.pop(i, ())):
+            if s not in given:
+                pool.setdefault((nbytes[s], _dt(dtype, s)), []).append((s, i))
+    return alias
+
+
+def _kind(kind: Sequence[str], v: int) -> str:
+    return kind[v] if v < len(kind) else "extern"
+
+
+def _is_extern(kind: Sequence[str], v: int) -> bool:
+    return _kind(kind, v) == "extern"
+
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
+             "uint8": 1, "int8": 1}
+
+
+def _dt(dtype: Sequence[str], v: int) -> str:
+    return dtype[v] if v < len(dtype) else ""
