@@ -176,7 +176,12 @@ def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
     out = set()
     for sub in node.get_nodes():
         ir = getattr(sub, "node", None)
-        for origin in (ir.get_origins() if ir is not None else ()):
+        if ir is None:
+            continue
+        # The fx node whose lowering made this buffer: an inlined expression's origins span
+        # every op folded into it, often several blocks. ``ir.Buffer.origin_node``: 2.11, 2.13.
+        owner = getattr(ir, "origin_node", None)
+        for origin in ([owner] if owner is not None else ir.get_origins()):
             stage = origin.meta.get(STAGE_KEY)
             if stage is not None:
                 out.add(stage)
