@@ -56,11 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backend", default="eager", choices=["eager", "inductor"],
+                        help="whose peak model scores the plans (inductor: remat.fusion's kernels)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     gm, nfo, static = capture_joint(args.blocks)
     nodes = len(gm.graph.nodes)
-    opts = Options(backend="eager")
+    opts = Options(backend=args.backend)
     plan_s = timed(lambda: partition.plan_joint_graph(copy.deepcopy(gm), nfo, static, opts), args.repeats)
     res = {}
 
@@ -69,9 +71,10 @@ def main(argv: list[str] | None = None) -> None:
 
     frontier_s = timed(frontier, args.repeats)
     copy_s = timed(lambda: copy.deepcopy(gm), args.repeats)
-    row = {"blocks": args.blocks, "joint_nodes": nodes, "plan_s": plan_s - copy_s,
+    row = {"blocks": args.blocks, "backend": args.backend, "joint_nodes": nodes, "plan_s": plan_s - copy_s,
            "frontier_s": frontier_s - copy_s, "frontier_points": len(res["p"].frontier)}
-    print(f"{args.blocks}-block gpt joint graph: {nodes} nodes; default plan {row['plan_s']:.2f} s; "
+    print(f"{args.blocks}-block gpt joint graph ({args.backend} peak model): {nodes} nodes; "
+          f"default plan {row['plan_s']:.2f} s; "
           f"full frontier ({row['frontier_points']} plans) {row['frontier_s']:.2f} s")
     if args.out:
         with open(args.out, "w") as f:

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 import remat
-from remat import compat, fusion, workloads
+from remat import fusion, workloads
 from remat.peak import Schedule, simulate
+
+from .test_budget import measured_peak
 
 # --- hand-made graphs -------------------------------------------------------------------------
 
@@ -172,22 +174,7 @@ def test_eager_and_inductor_schedules_of_a_workload():
     assert plan_inductor.predicted_peak_bytes < plan_eager.predicted_peak_bytes
 
 
-# --- against measured peaks (Inductor, CPU) ----------------------------------------------------
-
-def measured_peak(model, x):
-    """Peak bytes allocated during one step on CPU (profiler allocation trace; see compat)."""
-    out = model(x)
-    out.backward(torch.ones_like(out))  # compile first
-    x.grad = None
-    for p in model.parameters():
-        p.grad = None
-
-    def step():
-        out = model(x)
-        out.backward(torch.randn_like(out))
-
-    return compat.measure_cpu_peak_bytes(step)
-
+# --- against measured peaks (Inductor, CPU; measured as in test_budget) -----------------------
 
 @pytest.mark.inductor
 @pytest.mark.slow
