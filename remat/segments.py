@@ -13,7 +13,7 @@ edge that crosses ``s``'s position in graph order leaves ``s`` itself; then ever
 ``s`` can be recomputed from ``s`` (and parameters) alone. In a residual network these are the
 residual stream between blocks (and, inside a block, the values a single op feeds on).
 
-``checkpoint_sets`` picks, for k = 2, 4, 8, 16, ... segments (and one per separator), the separators that split the
+``checkpoint_sets`` picks, for k = 2, 4, 16 and 64 segments (and one per separator), the separators that split the
 forward's bytes most evenly into k parts. Each set, forbidden to be recomputed through, is
 then solved like any other problem (``remat.partition`` solves each at the smallest-bytes
 weight and under the default policy); the simulator (``remat.peak``) scores the result.
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 __all__ = ["separators", "checkpoint_sets", "SEGMENT_COUNTS"]
 
-SEGMENT_COUNTS = (2, 4, 8, 16, 32, 64, 128)
+SEGMENT_COUNTS = (2, 4, 16, 64)
 """Segment counts tried (capped by the number of separators + 1)."""
 
 
