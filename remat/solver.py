@@ -107,7 +107,10 @@ def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
     inf: dict = {}  # no capacity attribute: infinite
     edges: list[tuple[object, object, dict]] = []
     add = edges.append
+    free = _free(p)
     for v in range(p.n):
+        if v in free:  # see _free: no vertices, no edges
+            continue
         v_in, v_out = 2 * v, 2 * v + 1
         add((v_in, v_out, inf if v in p.no_save else {"capacity": p.cost[v] * scale + ties[v]}))
         if v in p.no_recompute:
@@ -115,7 +118,8 @@ def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
         elif weight is not None and p.recompute_cost and p.recompute_cost[v] > 0:
             add((SOURCE, v_in, {"capacity": weight * p.recompute_cost[v]}))
         for u in p.inputs[v]:
-            add((2 * u + 1, v_in, inf))
+            if u not in free:
+                add((2 * u + 1, v_in, inf))
         if v in p.needed:
             add((v_out, SINK, inf))
     g = nx.DiGraph()
@@ -123,6 +127,13 @@ def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
     g.add_node(SINK)
     g.add_edges_from(edges)
     return g
+
+
+def _free(p: Problem) -> set[int]:
+    """Values saved at no cost that cannot be recomputed (parameters, buffers): the cut never
+    pays for them, so they are left out of the network (about a tenth of a transformer's
+    values) and saved afterwards wherever the backward or a recompute reads them."""
+    return {v for v in range(p.n) if p.cost[v] == 0 and v in p.no_recompute and v not in p.no_save}
 
 
 def _find_conflict(p: Problem, g: nx.DiGraph) -> list[tuple[int, str]] | None:
@@ -192,9 +203,11 @@ def _cut(p: Problem, weight: float | None) -> Solution:
     if not p.needed:
         return Solution((), (), 0, 0.0, weight)
     _, (reachable, _) = nx.minimum_cut(g, SOURCE, SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov)
-    saved = tuple(
-        v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable
-    )
+    cut = {v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable}
+    free = _free(p)
+    closure = recompute_closure(p, cut | free) or []
+    cut |= {u for u in free if u in p.needed or any(u in p.inputs[w] for w in closure)}
+    saved = tuple(sorted(cut))
     recomputed = recompute_closure(p, set(saved))
     if recomputed is None:  # pragma: no cover - guarded by the construction
         raise AssertionError("remat: internal error, min-cut produced an invalid plan; please report")
