@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .solver import Problem, Solution, recompute_closure, solve_weighted, time_of
 
-__all__ = ["hull", "best_within_bytes"]
+__all__ = ["hull", "best_within_bytes", "bytes_first_weight"]
 
 _REL = 1e-9
 
@@ -26,13 +26,20 @@ def _objective(s: Solution, w: float) -> float:
     return s.cost + w * s.time
 
 
+def bytes_first_weight(p: Problem) -> float:
+    """A weight at which all of ``p``'s recompute together weighs under one byte: the weighted
+    cut saves the fewest bytes and breaks ties by recompute time (0.0 if nothing costs time)."""
+    total = sum(t for t in p.recompute_cost if t > 0) if p.recompute_cost else 0.0
+    return 0.5 / total if total else 0.0
+
+
 def _extremes(p: Problem) -> tuple[float, float]:
     total_bytes = sum(p.cost) + 1
     times = [t for t in p.recompute_cost if t > 0] if p.recompute_cost else []
     if not times:
         return 0.0, 0.0
-    # w_hi: one smallest recompute outweighs all bytes; w_lo: all recompute weighs under a byte.
-    return total_bytes / min(times) * 2, 0.5 / sum(times)
+    # w_hi: one smallest recompute outweighs all bytes; w_lo: bytes_first_weight.
+    return total_bytes / min(times) * 2, bytes_first_weight(p)
 
 
 def hull(p: Problem, max_vertices: int = 256) -> list[Solution]:

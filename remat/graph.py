@@ -246,11 +246,7 @@ def _attention_dropout(node: fx.Node) -> float:
 
 def device_model_for(gm: fx.GraphModule) -> cost.DeviceModel:
     """The default device model: H200 numbers for a graph on a GPU, CPU numbers otherwise."""
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
-            return cost.H200
-    return cost.CPU
+    return cost.H200 if _device(gm) == "cuda" else cost.CPU
 
 
 def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:

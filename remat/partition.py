@@ -22,7 +22,7 @@ import torch.fx as fx
 from . import compat
 from .budget import Candidate, choose
 from .errors import PlanningError, RematError
-from .frontier import hull
+from .frontier import bytes_first_weight, hull
 from .graph import JointGraph, analyze, block_of
 from .options import Options
 from .peak import lazy_order, simulate
@@ -182,12 +182,12 @@ def _segment_plans(jg: JointGraph, known: list, relaxed_nr: dict[int, str], no_s
             act.add(i)
     weights = [jg.schedule.nbytes[sid] for sid in jg.sched_ids]
     seen = {tuple(o[0]) for o in known}
-    tie_weight = 0.5 / max(sum(jg.recompute_seconds), 1e-30)  # all recompute weighs < 1 byte
     found = []
     for cps in checkpoint_sets(separators(jg.inputs, act), weights, act):
         nr = {**relaxed_nr, **{c: CHECKPOINT for c in cps if c not in relaxed_nr}}
+        prob = jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds)
         try:
-            s = solve_weighted(jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds), tie_weight)
+            s = solve_weighted(prob, bytes_first_weight(prob))
         except ConflictError:
             continue
         if s.saved not in seen:

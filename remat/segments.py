@@ -13,10 +13,11 @@ edge that crosses ``s``'s position in graph order leaves ``s`` itself; then ever
 ``s`` can be recomputed from ``s`` (and parameters) alone. In a residual network these are the
 residual stream between blocks (and, inside a block, the values a single op feeds on).
 
-``checkpoint_sets`` picks, for k = 2, 4, 16 and 64 segments (and one per separator), the separators that split the
-forward's bytes most evenly into k parts. Each set, forbidden to be recomputed through, is
-then solved like any other problem (``remat.partition`` solves each at the smallest-bytes
-weight and under the default policy); the simulator (``remat.peak``) scores the result.
+``checkpoint_sets`` picks, for k = 2, 4, 16 and 64 segments (and one per separator), the
+separators that split the forward's bytes most evenly into k parts. Each set, forbidden to be
+recomputed through, is then solved like any other problem (``remat.partition`` solves each for
+the fewest bytes, cost rules relaxed, recompute time breaking ties); the simulator
+(``remat.peak``) scores the result.
 """
 
 from __future__ import annotations

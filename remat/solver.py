@@ -97,7 +97,7 @@ def _tie_terms(p: Problem) -> tuple[list[int], int]:
     return ties, scale
 
 
-def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
+def _build(p: Problem, weight: float | None, free: set[int]) -> nx.DiGraph:
     """The flow network. With ``weight`` (bytes per second of recompute), an edge
     ``source -> v_in`` of capacity ``weight * recompute_cost[v]`` charges recomputing ``v``; the
     cut then minimises ``saved bytes + weight * recompute seconds`` (floats, no tie terms)."""
@@ -107,7 +107,6 @@ def _build(p: Problem, weight: float | None = None) -> nx.DiGraph:
     inf: dict = {}  # no capacity attribute: infinite
     edges: list[tuple[object, object, dict]] = []
     add = edges.append
-    free = _free(p)
     for v in range(p.n):
         if v in free:  # see _free: no vertices, no edges
             continue
@@ -196,7 +195,8 @@ def _cut(p: Problem, weight: float | None) -> Solution:
     for v in range(p.n):
         if any(u >= v for u in p.inputs[v]):
             raise ValueError(f"value {v} has an input that is not earlier in graph order")
-    g = _build(p, weight)
+    free = _free(p)
+    g = _build(p, weight, free)
     chain = _find_conflict(p, g)
     if chain is not None:
         raise ConflictError(chain)
@@ -204,13 +204,11 @@ def _cut(p: Problem, weight: float | None) -> Solution:
         return Solution((), (), 0, 0.0, weight)
     _, (reachable, _) = nx.minimum_cut(g, SOURCE, SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov)
     cut = {v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable}
-    free = _free(p)
-    closure = recompute_closure(p, cut | free) or []
-    cut |= {u for u in free if u in p.needed or any(u in p.inputs[w] for w in closure)}
-    saved = tuple(sorted(cut))
-    recomputed = recompute_closure(p, set(saved))
+    recomputed = recompute_closure(p, cut | free)
     if recomputed is None:  # pragma: no cover - guarded by the construction
         raise AssertionError("remat: internal error, min-cut produced an invalid plan; please report")
+    read = p.needed.union(*(p.inputs[w] for w in recomputed))
+    saved = tuple(sorted(cut | (free & read)))
     return Solution(saved, tuple(recomputed), sum(p.cost[v] for v in saved), time_of(p, recomputed), weight)
 
 
