@@ -110,15 +110,24 @@ class FusionRules:
     local_buffers: bool = False
     """A stored pointwise value read only by row-wise work of its own group is never allocated
     (registers, or a C++ per-row local buffer)."""
+    persistent_rows: int | None = None
+    """Rows of at most this many elements are reduced by a persistent kernel that holds the
+    whole row in registers. A longer row is reduced in a loop, one pass per dependent row
+    reduction, and a value one pass computes and a later pass reads is stored in memory (Triton;
+    ``None``: every row fits, as in the C++ backend's per-row local buffers)."""
     inplace: bool = True
     """A pointwise kernel writes into a same-sized buffer it reads for the last time."""
+    inplace_in_kernel: bool = False
+    """A fused kernel's later pass writes into a same-sized buffer an earlier pass of it stored
+    and it reads for the last time (Triton's ``in_out_ptr``, Note [Looped reductions])."""
     reuse: bool = True
     """A freed buffer is held for a later one of its size when Inductor's peak estimate allows."""
 
 
 CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
                   kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
-GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True)
+GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True,
+                  persistent_rows=1024, inplace_in_kernel=True)
 
 
 def rules_for(device: str) -> FusionRules:
@@ -256,13 +265,14 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel, block)
     if rules.local_buffers:
         # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
-        local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs)
+        local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs,
+                               _looped_passes(groups, reads, kind, numel, rules))
         groups = [[v for v in g if v not in local] for g in groups]
         reads = {v: rd - local for v, rd in reads.items() if v not in local}
     groups = [g for g in groups if g]
     alias: dict[int, int] = {}
     if rules.inplace:
-        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs)
+        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs, rules.inplace_in_kernel)
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
         merged: list[list[int]] = []
         for g in groups:
@@ -309,6 +319,9 @@ def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: 
         if v not in lowered.stored:
             continue
         b = block[v] if rules.stage_local and v < len(block) else None
+        if groups and _is_extern(kind, v) and _output_of(v, groups[-1], reads, kind, numel):
+            groups[-1].append(v)  # one output of a multi-output extern kernel: allocated by it
+            continue
         if (rules.kernel_groups and groups and v not in mixed and not _is_extern(kind, v)
                 and not _is_extern(kind, groups[-1][-1]) and (b is None or not blocks or b in blocks)):
             groups[-1].append(v)
@@ -320,11 +333,55 @@ def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: 
     return groups, mixed
 
 
+def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
+                   numel: Callable[[int], int], rules: FusionRules) -> dict[int, int]:
+    """For the nodes of groups that reduce rows too long for a persistent kernel
+    (``FusionRules.persistent_rows``): the pass of the kernel's row loop each node runs in,
+    0 before the first row reduction it depends on, one more after each (Note [Looped
+    reductions]). Nodes of other groups are absent."""
+    limit = rules.persistent_rows
+    if limit is None:
+        return {}
+    passes: dict[int, int] = {}
+    for g in groups:
+        rows = [v for v in g if _kind(kind, v) == "reduction" and numel(v)
+                and max(map(numel, reads[v]), default=0) // numel(v) > limit]
+        if not rows:
+            continue
+        mine = set(g)
+        for v in g:
+            passes[v] = max((passes[u] + (_kind(kind, u) == "reduction") for u in reads[v] if u in mine),
+                            default=0)
+    return passes
+
+
+# Note [Looped reductions]
+# Triton reduces a row of more than 1024 elements (``triton.persistent_reductions``' limit for
+# inner reductions; 2.11, 2.13) in a loop over blocks of it, and a fused kernel whose work depends
+# on such a reduction's result loops over the row again: a layer norm's backward reads the row
+# once to sum it and once more to use the sums. A value the first pass computes and the second
+# reads cannot stay in registers: the kernel stores it in the first pass and loads it in the
+# second (the pointwise workload's backward kernels, rows of 4096, store tanh and sigmoid this
+# way; ``benchmarks/mem_trace.py`` shows the buffers). The kernel may then write a later value
+# of the same size into that buffer in place (``_inplace``).
+
+
+def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], kind: Sequence[str],
+               numel: Callable[[int], int]) -> bool:
+    """Whether ``v`` unpacks one output of a multi-output extern kernel of ``group`` (the tuple
+    node owns no storage; its outputs are allocated when that kernel runs)."""
+    (u,) = reads[v] if len(reads[v]) == 1 else (None,)
+    return u is not None and u in group and _is_extern(kind, u) and not numel(u)
+
+
 def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
-                   keep: set[int]) -> set[int]:
+                   keep: set[int], passes: dict[int, int] | None = None) -> set[int]:
     """Stored pointwise values that every reader reads inside the same group, row by row
     (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
-    per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13)."""
+    per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13), Triton
+    in registers, unless a later pass of a looped reduction reads them (``passes``, Note [Looped
+    reductions])."""
+    passes = passes or {}
     group_of = {v: i for i, g in enumerate(groups) for v in g}
     readers: dict[int, list[int]] = {}
     for v, rd in reads.items():
@@ -333,18 +390,22 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
     return {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
             and all(group_of.get(w) == group_of[v] for w in readers[v])
             and len({_kind(kind, w) for w in readers[v]}) == 1
-            and _kind(kind, readers[v][0]) in ("pointwise", "reduction")}
+            and _kind(kind, readers[v][0]) in ("pointwise", "reduction")
+            and all(passes.get(w, 0) == passes.get(v, 0) for w in readers[v])}
 
 
 def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
-             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int]) -> dict[int, int]:
+             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int],
+             in_kernel: bool = False) -> dict[int, int]:
     """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
-    reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``)."""
+    reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``);
+    with ``in_kernel``, also into one an earlier node of its own kernel stored."""
     group_of = {v: i for i, g in enumerate(groups) for v in g}
-    last: dict[int, int] = {}
+    pos = {v: k for g in groups for k, v in enumerate(g)}
+    last: dict[int, tuple[int, int]] = {}  # storage -> (group, position) of its last reader
     for v, rd in reads.items():
         for u in rd:
-            last[u] = max(last.get(u, -1), group_of[v])
+            last[u] = max(last.get(u, (-1, -1)), (group_of[v], pos[v]))
     alias: dict[int, int] = {}
     taken: set[int] = set()
     for i, g in enumerate(groups):
@@ -353,9 +414,11 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Se
                 continue
             for u in sorted(reads[v]):
                 s = alias.get(u, u)
-                if (s in lowered.stored and s not in keep and s not in taken and group_of.get(s, i) < i
-                        and last.get(s) == i and nbytes[s] == nbytes[v] and _dt(dtype, s) == _dt(dtype, v)):
-                    alias[v], last[s] = s, max(i, last.get(v, i))
+                earlier = group_of.get(s, i) < i or (in_kernel and group_of.get(s) == i and pos[s] < pos[v])
+                if (s in lowered.stored and s not in keep and s not in taken and earlier
+                        and last.get(s, (-1, -1))[0] == i and (last[s][1] == pos[v] or group_of.get(s, i) < i)
+                        and nbytes[s] == nbytes[v] and _dt(dtype, s) == _dt(dtype, v)):
+                    alias[v], last[s] = s, max(last[s], last.get(v, (i, pos[v])))
                     taken.add(s)
                     break
     return alias

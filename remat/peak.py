@@ -209,7 +209,7 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
                 return storage(u, 1 if u in s.tangent else 0)
             return (u, phase)
 
-        storage_outputs = {s.root[v] if v in given else v for v in outputs}
+        storage_outputs = {s.root[v] for v in outputs}  # a gradient may be a view (permute of mm)
         ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
                                    rules, s.block)
         if phase == 1:
