@@ -219,4 +219,5 @@ def pareto(model: Any, *args: Any, **kwargs: Any) -> Frontier:
             f"remat: pareto needs exactly one captured training graph, got {len(probe.plans)} "
             "(graph breaks split the model). Call remat.pareto on a part without graph breaks."
         )
-    return Frontier(points=probe.frontiers[0], eager_peak_bytes=probe.plans[0].eager_peak_bytes)
+    return Frontier(points=probe.frontiers[0], eager_peak_bytes=probe.plans[0].eager_peak_bytes,
+                    peak_floor_bytes=probe.plans[0].peak_floor_bytes)

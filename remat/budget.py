@@ -84,15 +84,24 @@ class Candidate:
     saved_bytes: int
 
 
-def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int) -> Candidate:
-    """The fastest candidate whose predicted peak fits; raises InfeasibleBudgetError if none."""
+def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0) -> Candidate:
+    """The fastest candidate whose predicted peak fits; raises InfeasibleBudgetError if none,
+    saying whether any plan at all could fit (``floor``: ``remat.peak.floor_bytes``)."""
     fitting = [c for c in candidates if c.peak <= budget_bytes]
     if not fitting:
         best = min(c.peak for c in candidates)
+        if floor and budget_bytes < floor:
+            why = (f"no plan can fit it: the gradients, outputs and output gradients, with the "
+                   f"operands of the backward's largest op, need {format_bytes(floor)} whatever is "
+                   "saved or recomputed")
+        else:
+            why = (f"the backward's own working set keeps remat's plans (each value recomputed at "
+                   f"most once) above that; no plan of any kind goes under {format_bytes(floor)}"
+                   if floor else "")
         raise InfeasibleBudgetError(
             f"remat: no plan fits a peak of {format_bytes(budget_bytes)}: the smallest predicted "
             f"peak for this graph is {format_bytes(best)} (eager autograd's: "
-            f"{format_bytes(eager_peak)}). Raise the budget to at least {format_bytes(best)}, "
-            "or use remat.pareto(model, *inputs) to see every trade-off."
+            f"{format_bytes(eager_peak)}){'; ' + why if why else ''}. Raise the budget to at least "
+            f"{format_bytes(best)}, or use remat.pareto(model, *inputs) to see every trade-off."
         )
     return min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))

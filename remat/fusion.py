@@ -117,6 +117,9 @@ class FusionRules:
     ``None``: every row fits, as in the C++ backend's per-row local buffers)."""
     inplace: bool = True
     """A pointwise kernel writes into a same-sized buffer it reads for the last time."""
+    sm_count: int = 0
+    """Streaming multiprocessors of the GPU (132 on an H200): sizes a mix-order reduction's
+    workspace (Note [Mix-order workspace]); 0: no workspace."""
     inplace_in_kernel: bool = False
     """A fused kernel's later pass writes into a same-sized buffer an earlier pass of it stored
     and it reads for the last time (Triton's ``in_out_ptr``, Note [Looped reductions])."""
@@ -127,7 +130,7 @@ class FusionRules:
 CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
                   kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
 GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True,
-                  persistent_rows=1024, inplace_in_kernel=True)
+                  persistent_rows=1024, inplace_in_kernel=True, sm_count=132)
 
 
 def rules_for(device: str) -> FusionRules:
@@ -240,6 +243,8 @@ class Kernel:
     nodes: tuple[int, ...]
     allocs: tuple[int, ...]
     reads: frozenset[int]
+    held: int = 0
+    """Workspace bytes held while it runs (Note [Mix-order workspace])."""
 
     @property
     def node(self) -> int:
@@ -284,9 +289,80 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     if rules.reuse:
         alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs)
     alias = {v: storage_of(alias, v) for v in alias}
+    held = _mix_order_workspace(groups, mixed, reads, numel, rules, block)
     out = [Kernel(tuple(g), tuple(v for v in g if nbytes[v] and v not in alias),
-                  frozenset(alias.get(u, u) for v in g for u in reads[v])) for g in groups]
+                  frozenset(alias.get(u, u) for v in g for u in reads[v]), held[i]) for i, g in enumerate(groups)]
     return out, alias
+
+
+# Note [Mix-order workspace]
+# A mix-order reduction kernel (GPU) reduces the batch in splits of ``split`` rows and writes
+# each split's partial sums to a float32 workspace, ``cols x ceil(rows / split)`` per batch
+# reduction it computes (a layer norm's weight and bias gradients: two), summed afterwards.
+# ``split`` is the largest power of two at most ``rows / (8 x SMs)``, clamped to 16..128
+# (codegen/simd.py: _codegen_mix_order_reduction; 2.11, 2.13). The wrapper hands the workspace
+# from one mix-order kernel to the next of its size (``workspace_6 = workspace_5  # reuse``),
+# so it is held from the first such kernel of a graph to the last (measured: 4 MiB through the
+# gpt backward, 16 MiB through mlp's; ``benchmarks/mem_trace.py``).
+
+
+def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[int, frozenset[int]],
+                         numel: Callable[[int], int], rules: FusionRules,
+                         block: Sequence[str | None] = ()) -> list[int]:
+    """Workspace bytes held while each group runs (Note [Mix-order workspace])."""
+    held = [0] * len(groups)
+    if not rules.sm_count or not mixed:
+        return held
+    per_input: dict[int, int] = {}
+    where = []
+    for i, g in enumerate(groups):
+        for v in g:
+            if v not in mixed or not numel(v):
+                continue
+            full = max(reads[v], key=numel)
+            rows, cols = numel(full) // numel(v), numel(v)
+            # Inductor's conditions (MixOrderReduction.can_fuse): a large batch of at most 16384
+            # columns, at least twice as many rows, and a sibling row reduction of the same
+            # input (neither feeds the other; a bias gradient computed from the row sums' result
+            # is a plain split reduction instead) in the same block (stage-local fusion).
+            if not (rows >= 4096 and rows >= 2 * cols and rows * cols >= 5 * 2**20 and cols <= 16384):
+                continue
+            mine = _upstream(v, reads)
+            if not any(full in reads[w] and w not in mine and v not in _upstream(w, reads)
+                       for h in groups for w in h if w in reads and w not in mixed and w != v
+                       and numel(w) == rows and _same_block(block, v, w, rules)):
+                continue
+            split = min(max(_floor_pow2(rows // (8 * rules.sm_count)), 16), 128)
+            per_input[full] = per_input.get(full, 0) + 4 * cols * -(-rows // split)
+            where.append(i)
+    if not where:
+        return held
+    size = max(per_input.values(), default=0)
+    for i in range(where[0], where[-1] + 1):
+        held[i] = size
+    return held
+
+
+def _same_block(block: Sequence[str | None], v: int, w: int, rules: FusionRules) -> bool:
+    if not rules.stage_local or max(v, w) >= len(block):
+        return True
+    return block[v] is None or block[w] is None or block[v] == block[w]
+
+
+def _upstream(v: int, reads: dict[int, frozenset[int]]) -> set[int]:
+    """Stored values ``v`` depends on, within one lowered graph."""
+    seen: set[int] = set()
+    stack = list(reads.get(v, ()))
+    while stack:
+        u = stack.pop()
+        if u not in seen:
+            seen.add(u)
+            stack.extend(reads.get(u, ()))
+    return seen
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n > 0 else 0
 
 
 def storage_of(alias: dict[int, int], v: int) -> int:

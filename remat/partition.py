@@ -25,7 +25,7 @@ from .errors import PlanningError, RematError
 from .frontier import bytes_first_weight, hull
 from .graph import JointGraph, analyze, block_of
 from .options import Options
-from .peak import lazy_order, simulate
+from .peak import floor_bytes, lazy_order, simulate
 from .plan import Plan, PlanNode, SavedTensor
 from .policy import Decision, decide
 from .segments import checkpoint_sets, separators
@@ -132,6 +132,7 @@ def plan_joint_graph(
     )
     cse(gm)
     jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model, options.backend)
+    eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
     no_recompute, no_save, reasons = _decisions(jg, options)
     problem = jg.problem(no_recompute, no_save)
     try:
@@ -163,7 +164,7 @@ def plan_joint_graph(
     limit = options.budget.resolve(eager.peak_bytes)
     cands = [Candidate(k, o[2].predicted_peak_bytes, o[2].recompute_seconds, o[2].saved_bytes)
              for k, o in enumerate(options_out)]
-    chosen = options_out[choose(cands, limit, eager.peak_bytes).key]
+    chosen = options_out[choose(cands, limit, eager.peak_bytes, eager.floor_bytes).key]
     chosen_plan = dataclasses.replace(chosen[2], budget_bytes=limit)
     return Planned(jg, list(chosen[0]), chosen_plan, frontier)
 
@@ -208,8 +209,12 @@ CHECKPOINT = "checkpoint (segment boundary)"
 
 @dataclass(frozen=True)
 class EagerBaseline:
+    """Per-graph numbers every plan is compared with: eager autograd's saved bytes and
+    predicted peak, and the floor no plan's predicted peak goes under (``peak.floor_bytes``)."""
+
     saved_bytes: int
     peak_bytes: int
+    floor_bytes: int = 0
 
 
 def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
@@ -258,6 +263,7 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         nodes=tuple(nodes),
         predicted_peak_bytes=simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes,
         eager_peak_bytes=eager.peak_bytes,
+        peak_floor_bytes=eager.floor_bytes,
         recompute_flops=int(flops),
         recompute_seconds=float(secs),
     )

@@ -22,6 +22,8 @@ stored values take memory, a value an inlined expression reads lives until the l
 recomputes it, fused kernels allocate their buffers together, and buffers are written in place or
 reused; ops only the backward needs are computed in the forward right after their inputs
 (``early_order``), and extern kernels add their scratch (``Schedule.workspace``) while they run.
+
+``floor_bytes`` bounds every plan's peak from below (what must coexist whatever is saved).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TypeVar
 
 from .fusion import FusionRules, kernels, lower
 
-__all__ = ["Schedule", "PeakResult", "simulate", "backward_order", "lazy_order"]
+__all__ = ["Schedule", "PeakResult", "simulate", "floor_bytes", "backward_order", "lazy_order"]
 
 T = TypeVar("T")
 
@@ -148,6 +150,31 @@ def simulate(s: Schedule, saved: set[int]) -> PeakResult:
     return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
 
 
+def floor_bytes(s: Schedule) -> int:
+    """A lower bound on the peak of every plan for this graph: what must coexist whatever is
+    saved or recomputed. Every plan runs the same backward ops in the same order (recompute
+    only adds forward ops), the forward outputs and the output gradients live through the
+    whole backward, and a gradient lives from its op to the end of the step. So when a
+    backward op runs, its result, its operands, the outputs, the output gradients and the
+    gradients made before it are all alive. Op by op (``s.fusion is None``) every backward op
+    counts; under Inductor only extern kernels (a matmul reads and writes real buffers) and the
+    end of the step, since fused work may keep its operands on chip."""
+    pre = set(s.graph_input)
+    pinned = {s.root[v] for v in (*s.fwd_outputs, *s.tangent)} - pre
+    grads = {s.root[v] for v in s.bwd_outputs} - pre
+    done: set[int] = set()
+    best = sum(s.nbytes[r] for r in pinned | grads)
+    for v in range(s.n):
+        if v not in s.backward or v in s.tangent:
+            continue
+        if s.fusion is None or (s.kind and s.kind[v] == "extern"):
+            here = {s.root[v]} | {s.root[u] for u in s.inputs[v]}
+            best = max(best, sum(s.nbytes[r] for r in (here | pinned | done) - pre))
+        if s.root[v] in grads:
+            done.add(s.root[v])
+    return best
+
+
 _Key = tuple[int, int]  # (storage-owning node, 0 in the forward or 1 in the backward)
 
 
@@ -225,7 +252,7 @@ def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
             steps.append(_Step(f"{where}:{s.names[k.node] if s.names else k.node}",
                                tuple(key(a) for a in k.allocs if a not in pre),
                                frozenset(key(u) for u in k.reads if u not in pre),
-                               sum(s.workspace[v] for v in k.nodes) if s.workspace else 0))
+                               (sum(s.workspace[v] for v in k.nodes) if s.workspace else 0) + k.held))
     return steps, boundary, nbytes, storage
 
 

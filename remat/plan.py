@@ -96,6 +96,10 @@ class Plan:
     """Estimated time of the recomputed ops on the device model (fused: no memory round trips)."""
     budget_bytes: int | None = None
     """The peak budget this plan was chosen under, if any."""
+    peak_floor_bytes: int = 0
+    """No plan for this graph has a smaller predicted peak (``remat.peak.floor_bytes``): the
+    gradients, outputs and output gradients, and each backward op's operands with its result,
+    must coexist whatever is saved or recomputed."""
     checkpoints: tuple[str, ...] = ()
     """Separator values this plan never recomputes through (checkpoint segments, see
     ``remat.segments``); empty for the default plan and the min-cut frontier's plans."""
@@ -228,6 +232,8 @@ class Frontier:
 
     points: tuple[Plan, ...]
     eager_peak_bytes: int = 0
+    peak_floor_bytes: int = 0
+    """The predicted peak no plan can go under (``Plan.peak_floor_bytes``)."""
 
     @property
     def hull(self) -> tuple[Plan, ...]:
@@ -248,7 +254,8 @@ class Frontier:
                          f"{p.recompute_seconds * 1e3:.3f} ms", str(len(p.recomputed))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [f"remat frontier: {len(self.points)} plans (eager autograd's predicted peak: "
-                 f"{format_bytes(self.eager_peak_bytes)})"]
+                 f"{format_bytes(self.eager_peak_bytes)}; no plan goes under "
+                 f"{format_bytes(self.peak_floor_bytes)})"]
         for j, r in enumerate(rows):
             lines.append("  ".join(v.rjust(w) for v, w in zip(r, widths)))
             if j == 0:

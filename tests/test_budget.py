@@ -202,3 +202,21 @@ def test_budget_strings():
     assert parse_budget("800MB").nbytes == 800 * 10**6
     assert parse_budget("1.5 gb").nbytes == 1_500_000_000
     assert parse_budget(0.5).fraction == 0.5
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_no_plan_goes_under_the_floor(backend):
+    # The floor (gradients, outputs, output gradients and the backward ops' operands) bounds
+    # every plan of the frontier from below; on small mlp and gpt the parameter gradients alone
+    # exceed a quarter of eager's peak, so a 25% budget is proven infeasible and the error says so.
+    for name in workloads.WORKLOADS:
+        torch._dynamo.reset()
+        model, x = workloads.build(name, "small")
+        f = remat.pareto(remat.checkpoint(model, backend=backend), x)
+        assert 0 < f.peak_floor_bytes <= min(p.predicted_peak_bytes for p in f.points)
+        assert all(p.peak_floor_bytes == f.peak_floor_bytes for p in f.points)
+        if name != "pointwise":
+            assert f.peak_floor_bytes > f.eager_peak_bytes // 4
+            torch._dynamo.reset()
+            with pytest.raises(remat.InfeasibleBudgetError, match="no plan can fit it"):
+                remat.explain(remat.checkpoint(model, backend=backend), x, budget=0.25)

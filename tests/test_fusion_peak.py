@@ -214,6 +214,30 @@ def test_output_that_views_an_extern_buffer_keeps_it():
     assert simulate(s, set()).peak_bytes == 300
 
 
+def _mix_order(rows, cols, sibling=True):
+    # A layer norm backward's row sum r and weight gradient w (a sum over the batch) both read
+    # the full gradient a. Without ``sibling`` w reads r's result (a plain split reduction).
+    spec = [("x", "input", (), 0), ("a", "extern", ("x",), rows * cols * 4),
+            ("r", "reduction", ("a",), rows * 4),
+            ("p", "pointwise", ("a",) if sibling else ("a", "r"), rows * cols * 4),
+            ("w", "outer-reduction", ("p",), cols * 4), ("e", "extern", ("r", "w"), 4)]
+    s = graph(spec, ["e"])
+    nodes = [v for v in range(s.n) if v not in s.graph_input]
+    ks, _ = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
+                           s.fwd_outputs, s.fusion)
+    return s, max(k.held for k in ks)
+
+
+def test_mix_order_reduction_holds_a_float32_workspace():
+    # 8192 rows on 132 SMs: splits of 16 rows; one batch reduction of 1024 columns.
+    s, held = _mix_order(8192, 1024)
+    assert held == 4 * 1024 * (8192 // 16)
+    assert simulate(s, set()).peak_bytes >= s.nbytes[1] + held
+    assert _mix_order(8192, 1024, sibling=False)[1] == 0  # w depends on r: no mix-order kernel
+    assert _mix_order(2048, 1024)[1] == 0  # fewer than twice as many rows as columns
+    assert _mix_order(65536, 1024)[1] == 4 * 1024 * (65536 // 32)  # 65536 // (8 * 132) -> 32
+
+
 def test_eager_and_inductor_schedules_of_a_workload():
     model, x = workloads.build("mlp", "small")
     plan_inductor = remat.explain(remat.checkpoint(copy.deepcopy(model)), x)
