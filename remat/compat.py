@@ -216,8 +216,50 @@ def stage_local_fusion() -> Iterator[None]:
 
     handler = StageLocal.__new__(StageLocal)
     handler.__dict__.update(getattr(inner, "__dict__", {}))
-    with V.set_choices_handler(handler):
+    with V.set_choices_handler(handler), _cpp_flush_between_stages(cache):
         yield
+
+
+@contextlib.contextmanager
+def _cpp_flush_between_stages(cache: dict[int, tuple[Any, frozenset]]) -> Iterator[None]:
+    """The C++ backend emits every kernel between two extern kernels as one function, and the
+    wrapper allocates all their buffers before calling it (``CppScheduling.codegen_node`` adds
+    to ``kernel_group``; ``Scheduler.flush`` emits it and frees what it no longer needs): a
+    pointwise model with no matmul runs its whole backward as one call holding every layer's
+    buffers. Asking for a flush after a kernel whose successor belongs to another block emits
+    one function per block, so a block's buffers are freed before the next block runs. Patches
+    ``torch._inductor.codegen.cpp.CppScheduling.codegen_node`` for the duration and uses its
+    ``_set_flush_status`` (which the scheduler's ``ready_to_flush`` check reads after each node)
+    and ``Scheduler.nodes`` / ``current_node``: 2.11, 2.13."""
+    try:
+        from torch._inductor.codegen.cpp import CppScheduling
+        from torch._inductor.virtualized import V
+    except ImportError:  # pragma: no cover - a build without the C++ backend
+        yield
+        return
+    original = CppScheduling.codegen_node
+
+    positions: dict[int, tuple[Any, dict[int, int]]] = {}
+
+    def codegen_node(self: Any, node: Any) -> Any:
+        result = original(self, node)
+        sched = V.graph.scheduler
+        nodes = getattr(sched, "nodes", None) or []
+        hit = positions.get(id(sched))
+        if hit is None or hit[0] is not nodes or len(hit[1]) != len(nodes):
+            hit = positions[id(sched)] = (nodes, {id(n): k for k, n in enumerate(nodes)})
+        k = hit[1].get(id(getattr(sched, "current_node", None)))
+        if k is not None and k + 1 < len(nodes):
+            new, old = _stages(nodes[k + 1], cache), _stages(node, cache)
+            if new and old and new.isdisjoint(old):
+                self._set_flush_status(True)  # the scheduler flushes after this node
+        return result
+
+    CppScheduling.codegen_node = codegen_node
+    try:
+        yield
+    finally:
+        CppScheduling.codegen_node = original
 
 
 def inductor_runs_extern(op: OpOverload) -> bool:

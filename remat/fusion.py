@@ -102,7 +102,8 @@ class FusionRules:
     """Work of two different blocks is never fused (remat compiles with stage-local fusion)."""
     one_kernel_between_externs: bool = False
     """All fused kernels between two extern kernels are emitted as one kernel that allocates
-    every buffer before it runs and frees after it (the C++ backend's kernel groups); in-place
+    every buffer before it runs and frees after it (the C++ backend's kernel groups; with
+    ``stage_local``, one per block, since remat flushes the group between blocks); in-place
     writes are still decided per fused kernel."""
     mix_order_splits: bool = False
     """A reduction over leading dimensions sharing a full read with a row reduction starts a new
@@ -281,7 +282,8 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
         merged: list[list[int]] = []
         for g in groups:
-            if merged and not _is_extern(kind, g[0]) and not _is_extern(kind, merged[-1][-1]):
+            if (merged and not _is_extern(kind, g[0]) and not _is_extern(kind, merged[-1][-1])
+                    and _one_block(block, merged[-1] + g, rules)):
                 merged[-1] += g
             else:
                 merged.append(list(g))
@@ -341,6 +343,14 @@ def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[i
     for i in range(where[0], where[-1] + 1):
         held[i] = size
     return held
+
+
+def _one_block(block: Sequence[str | None], nodes: list[int], rules: FusionRules) -> bool:
+    """Whether ``nodes`` span at most one block (remat's C++ kernels are flushed between
+    blocks: compat._cpp_flush_between_stages)."""
+    if not rules.stage_local:
+        return True
+    return len({block[v] for v in nodes if v < len(block) and block[v] is not None}) <= 1
 
 
 def _same_block(block: Sequence[str | None], v: int, w: int, rules: FusionRules) -> bool:

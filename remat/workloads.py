@@ -75,14 +75,21 @@ class GptBlock(nn.Module):
 
 SIZES = {
     "pointwise": {"full": dict(n=16384, d=4096, layers=8), "small": dict(n=64, d=128, layers=8),
-                  "medium": dict(n=1024, d=128, layers=8)},
+                  "medium": dict(n=1024, d=128, layers=8), "deep": dict(n=256, d=512, layers=32)},
     "mlp": {"full": dict(n=16384, d=2048, hidden=8192, blocks=4),
             "small": dict(n=64, d=64, hidden=256, blocks=4),
-            "medium": dict(n=1024, d=64, hidden=256, blocks=4)},
+            "medium": dict(n=1024, d=64, hidden=256, blocks=4),
+            "deep": dict(n=1024, d=64, hidden=256, blocks=16)},
     "gpt": {"full": dict(batch=8, seq=1024, d=1024, heads=16, hidden=4096, blocks=12),
             "small": dict(batch=2, seq=16, d=64, heads=4, hidden=256, blocks=2),
-            "medium": dict(batch=2, seq=256, d=64, heads=4, hidden=256, blocks=2)},
+            "medium": dict(batch=2, seq=256, d=64, heads=4, hidden=256, blocks=2),
+            "deep": dict(batch=2, seq=256, d=64, heads=4, hidden=256, blocks=12)},
 }
+"""Sizes of each workload. ``full``: the project's GPU configuration. ``small`` and ``medium``:
+CPU sizes of the same depth (``medium`` has more rows, so that activations outweigh parameters).
+``deep``: CPU sizes with more layers (32, 16, 12), where a quarter of eager's peak is reachable:
+the smallest peak of any plan is the checkpoints plus one layer's backward working set, so it
+shrinks relative to eager's as depth grows."""
 WORKLOADS = tuple(SIZES)
 
 
