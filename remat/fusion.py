@@ -111,6 +111,10 @@ class FusionRules:
     local_buffers: bool = False
     """A stored pointwise value read only by row-wise work of its own group is never allocated
     (registers, or a C++ per-row local buffer)."""
+    registers: bool = False
+    """Kernel-local values live in registers (Triton): one that row reductions and pointwise
+    work of its kernel both read stays local. The C++ backend's per-row local buffers need
+    readers of one kind."""
     persistent_rows: int | None = None
     """Rows of at most this many elements are reduced by a persistent kernel that holds the
     whole row in registers. A longer row is reduced in a loop, one pass per dependent row
@@ -131,7 +135,7 @@ class FusionRules:
 CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
                   kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
 GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True,
-                  persistent_rows=1024, inplace_in_kernel=True, sm_count=132)
+                  persistent_rows=1024, inplace_in_kernel=True, sm_count=132, registers=True)
 
 
 def rules_for(device: str) -> FusionRules:
@@ -272,7 +276,7 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     if rules.local_buffers:
         # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
         local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs,
-                               _looped_passes(groups, reads, kind, numel, rules))
+                               _looped_passes(groups, reads, kind, numel, rules), rules.registers)
         groups = [[v for v in g if v not in local] for g in groups]
         reads = {v: rd - local for v, rd in reads.items() if v not in local}
     groups = [g for g in groups if g]
@@ -461,7 +465,7 @@ def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], kind:
 
 
 def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
-                   keep: set[int], passes: dict[int, int] | None = None) -> set[int]:
+                   keep: set[int], passes: dict[int, int] | None = None, registers: bool = False) -> set[int]:
     """Stored pointwise values that every reader reads inside the same group, row by row
     (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
     per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13), Triton
@@ -475,8 +479,8 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
             readers.setdefault(u, []).append(v)
     return {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
             and all(group_of.get(w) == group_of[v] for w in readers[v])
-            and len({_kind(kind, w) for w in readers[v]}) == 1
-            and _kind(kind, readers[v][0]) in ("pointwise", "reduction")
+            and (registers or len({_kind(kind, w) for w in readers[v]}) == 1)
+            and all(_kind(kind, w) in ("pointwise", "reduction") for w in readers[v])
             and all(passes.get(w, 0) == passes.get(v, 0) for w in readers[v])}
 
 
