@@ -163,7 +163,10 @@ class Plan:
             lines.append(f"checkpoint segments: never recomputes through {', '.join(self.checkpoints)} "
                          f"({len(self.checkpoints) + 1} segments, each recomputed when the backward reaches it)")
         lines += list(self.notes)
-        lines.append(self.totals().line())
+        t = self.totals()
+        lines.append(t.line())
+        if t.peak_line():
+            lines.append(t.peak_line())
         return "\n".join(lines)
 
     # --- reports (rendering lives in remat.report) ---------------------------------------------

@@ -67,8 +67,9 @@ def test_explain_matches_compiled_plan():
     workloads.loss(rm(x)).backward()
     assert remat.compiled_plans(rm) == [explained]
     unwrapped = remat.explain(model, x)  # the unwrapped model, default options
-    # Dynamo traces the wrapped copy with a few more alias nodes; the decision is the same.
-    assert str(unwrapped) == str(explained)
+    # Dynamo traces the wrapped copy with a few more alias nodes; the decision is the same
+    # (the last line, the predicted peak, follows the backend).
+    assert str(unwrapped).rsplit("\npeak:", 1)[0] == str(explained).rsplit("\npeak:", 1)[0]
     # The predicted peak follows the backend (default: Inductor, which stores fewer values);
     # eager autograd's peak does not.
     assert unwrapped.eager_peak_bytes == explained.eager_peak_bytes

@@ -173,4 +173,6 @@ def render(plan: Plan) -> str:
     if t.free_saved:
         lines.append(f"(+ {t.free_saved} parameters/buffers saved at no cost: they live anyway)")
     lines.append(t.line())
+    if t.peak_line():
+        lines.append(t.peak_line())
     return "\n".join(lines)

@@ -63,6 +63,16 @@ class Totals:
     recompute_seconds: float
     predicted_peak_bytes: int
     eager_peak_bytes: int
+    peak_floor_bytes: int = 0
+    """No plan for the graph has a smaller predicted peak (``Plan.peak_floor_bytes``)."""
+
+    def peak_line(self) -> str:
+        """One line on the step's predicted peak, or ``""`` when unknown (several graphs)."""
+        if not self.predicted_peak_bytes:
+            return ""
+        return (f"peak: predicted {format_bytes(self.predicted_peak_bytes)} for one training step (eager "
+                f"autograd: {format_bytes(self.eager_peak_bytes)}; no plan goes under "
+                f"{format_bytes(self.peak_floor_bytes)})")
 
     def line(self) -> str:
         """One line: ``totals: saved ...; eager autograd saves ...; ...``."""
@@ -85,4 +95,5 @@ def totals(plan: Plan) -> Totals:
         recompute_seconds=plan.recompute_seconds,
         predicted_peak_bytes=plan.predicted_peak_bytes,
         eager_peak_bytes=plan.eager_peak_bytes,
+        peak_floor_bytes=plan.peak_floor_bytes,
     )
