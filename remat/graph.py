@@ -427,15 +427,49 @@ def _reduces_last_dims(node: fx.Node) -> bool:
 
 
 def _workspace(node: fx.Node) -> int:
-    """Scratch bytes an extern kernel holds while it runs. Attention backward kernels accumulate
-    the query gradient in float32 (FlashAttention's ``dq_accum``; CPU's flash attention keeps
-    per-thread float32 blocks of at least that size): 4 bytes per element of the query gradient."""
+    """Scratch bytes an extern kernel holds while it runs. CPU flash attention: per-thread
+    blocks (``_cpu_flash_attention_scratch``). Other attention backward kernels accumulate the
+    query gradient in float32 (FlashAttention's ``dq_accum``): 4 bytes per element of it."""
     op = op_name(node)
+    if op.startswith("aten._scaled_dot_product_flash_attention_for_cpu"):
+        return _cpu_flash_attention_scratch(node, backward=op.endswith("_backward.default"))
     if not (op.startswith("aten.") and "attention" in op and "backward" in op):
         return 0
     val = node.meta.get("val")
     first = val[0] if isinstance(val, (tuple, list)) and val else val
     return 4 * cost.numel(first) if isinstance(first, torch.Tensor) else 0
+
+
+def _cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
+    """ATen's CPU flash attention (``native/cpu/FlashAttentionKernel.cpp``) splits queries into
+    blocks of 32, 64 or 256 rows (sequences under 192, under 768, longer) and keys into blocks
+    of 512, and gives each thread float32 buffers: the forward a score block, its row max and
+    sum and an output block; the backward a score block and its gradient (plus a row sum), and
+    bf16/fp16 copies of the score blocks for low-precision inputs; the backward also copies an
+    output gradient that is not contiguous in its layout. Checked against the profiler on torch
+    2.13 (tests/test_fusion_peak.py)."""
+    ins = [a.meta.get("val") for a in node.args[:4] if isinstance(a, fx.Node)]
+    query = ins[1] if backward and len(ins) > 1 else (ins[0] if ins else None)
+    key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4:
+        return 0
+    def hint(v: object) -> int:
+        return compat.size_hint(v) if compat.is_sym(v) else int(v)  # type: ignore[arg-type]
+
+    q_len, kv_len, head = hint(query.shape[2]), hint(key.shape[2]), hint(query.shape[3])
+    q_split = min(256 if q_len >= 768 else 64 if q_len >= 192 else 32, q_len)
+    kv_split = min(512, kv_len)
+    low = query.dtype in (torch.bfloat16, torch.float16)
+    accum = 8 if query.dtype == torch.float64 else 4
+    if backward:
+        per_thread = 2 * q_split * kv_split * accum + q_split * accum + (2 * q_split * kv_split * 2 if low else 0)
+        grad_out = ins[0]
+        copy = 0  # the kernel makes grad_out contiguous in (batch, sequence, head, dim) order
+        if isinstance(grad_out, torch.Tensor) and not grad_out.transpose(1, 2).is_contiguous():
+            copy = cost.nbytes(grad_out)
+        return torch.get_num_threads() * per_thread + copy
+    per_thread = (q_split * kv_split + 2 * q_split + q_split * head) * accum + (q_split * kv_split * 2 if low else 0)
+    return torch.get_num_threads() * per_thread
 
 
 def _runs_extern(node: fx.Node) -> bool:

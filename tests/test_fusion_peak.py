@@ -264,3 +264,45 @@ def test_predicted_peak_matches_measured_under_inductor(name, size, budget):
     measured = measured_peak(rm, x)
     (plan,) = remat.compiled_plans(rm)
     assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured, (plan.predicted_peak_bytes, measured)
+
+
+def test_cpu_flash_attention_scratch_matches_the_kernel():
+    # The per-thread blocks ATen's CPU flash attention allocates inside the op (and frees before
+    # it returns), read from the profiler, equal what the model charges for it.
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+
+    from remat.graph import _cpu_flash_attention_scratch
+
+    q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)
+        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            torch.ones_like(out[0]), q, k, v, out[0], out[1], 0.0, True)
+    base = prof.profiler.kineto_results.trace_start_ns()
+    timeline = sorted(prof._memory_profile().timeline, key=lambda e: e[0])
+    outputs = {False: sum(t.untyped_storage().nbytes() for t in out), True: 3 * q.untyped_storage().nbytes()}
+    scratch = {}
+    for e in prof.events():
+        if e.name.startswith("aten::_scaled_dot_product_flash_attention_for_cpu"):
+            lo, hi = base + e.time_range.start * 1000, base + e.time_range.end * 1000
+            live = most = 0
+            for t, action, _, size in timeline:
+                if lo <= t <= hi and action in (Action.CREATE, Action.DESTROY):
+                    live += size if action == Action.CREATE else -size
+                    most = max(most, live)
+            backward = e.name.endswith("_backward")
+            scratch[backward] = most - outputs[backward]  # held beyond the op's outputs
+
+    def node(backward):
+        graph = torch.fx.Graph()
+        args = [graph.placeholder(n) for n in ("g", "q", "k", "v")[0 if backward else 1:]]
+        for a, t in zip(args, ([out[0]] if backward else []) + [q, k, v]):
+            a.meta["val"] = t
+        return graph.call_function(torch.ops.aten.add.Tensor, tuple(args))  # only args are read
+
+    assert scratch[False] == _cpu_flash_attention_scratch(node(False), backward=False) > 0
+    # The backward's per-thread row sums (256 B each) are allocated on worker threads, which the
+    # profiler does not always see.
+    model = _cpu_flash_attention_scratch(node(True), backward=True)
+    assert 0 <= model - scratch[True] <= 256 * torch.get_num_threads() and scratch[True] > 0
