@@ -291,17 +291,21 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     if rules.inplace:
         alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs, rules.inplace_in_kernel)
     fine = groups  # Inductor estimates its peak per fused kernel, before C++ kernel groups merge
+    end = list(range(len(groups)))  # per group: the index in ``fine`` of its last kernel
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
         merged: list[list[int]] = []
-        for g in groups:
+        end = []
+        for k, g in enumerate(groups):
             if (merged and not _is_extern(kind, g[0]) and not _is_extern(kind, merged[-1][-1])
                     and _one_block(block, merged[-1] + g, rules)):
                 merged[-1] += g
+                end[-1] = k
             else:
                 merged.append(list(g))
+                end.append(k)
         groups = merged
     if rules.reuse:
-        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs, fine, rules.reuse_margin)
+        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs, fine, end, rules.reuse_margin)
     alias = {v: storage_of(alias, v) for v in alias}
     held = _mix_order_workspace(groups, mixed, reads, numel, rules, block)
     out = [Kernel(tuple(g), tuple(v for v in g if nbytes[v] and v not in alias),
@@ -344,7 +348,7 @@ def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[i
             mine = _upstream(v, reads)
             if not any(full in reads[w] and w not in mine and v not in _upstream(w, reads)
                        for h in groups for w in h if w in reads and w not in mixed and w != v
-                       and numel(w) == rows and _same_block(block, v, w, rules)):
+                       and numel(w) == rows and _one_block(block, [v, w], rules)):
                 continue
             split = min(max(_floor_pow2(rows // (8 * rules.sm_count)), 16), 128)
             per_input[full] = per_input.get(full, 0) + 4 * cols * -(-rows // split)
@@ -363,12 +367,6 @@ def _one_block(block: Sequence[str | None], nodes: list[int], rules: FusionRules
     if not rules.stage_local:
         return True
     return len({block[v] for v in nodes if v < len(block) and block[v] is not None}) <= 1
-
-
-def _same_block(block: Sequence[str | None], v: int, w: int, rules: FusionRules) -> bool:
-    if not rules.stage_local or max(v, w) >= len(block):
-        return True
-    return block[v] is None or block[w] is None or block[v] == block[w]
 
 
 def _upstream(v: int, reads: dict[int, frozenset[int]]) -> set[int]:
@@ -524,21 +522,19 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Se
 
 def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
            dtype: Sequence[str], alias: dict[int, int], given: set[int], outs: set[int],
-           fine: list[list[int]] | None = None, margin: float = 0.0) -> dict[int, int]:
+           fine: list[list[int]] | None = None, end: Sequence[int] | None = None,
+           margin: float = 0.0) -> dict[int, int]:
     """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
     of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
     graph's peak (bytes after each kernel, freeable inputs counted) allows it
     (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``; 2.11, 2.13). Freed buffers
     are reused last in, first out. ``fine``: the fused kernels ``groups`` merge (C++ kernel
-    groups), over which Inductor estimates its peak; a group's lines sit at its last kernel.
-    ``margin``: ``FusionRules.reuse_margin``."""
+    groups), over which Inductor estimates its peak; ``end``: the index in ``fine`` of each
+    group's last kernel, where its memory-planning lines sit. ``margin``:
+    ``FusionRules.reuse_margin``."""
     alias = dict(alias)
-    fine = fine or groups
-    end, k = [], -1
-    for g in groups:  # index in ``fine`` of each group's last kernel
-        k += next(j for j in range(1, len(fine) + 1) if set(g) >= set(fine[k + j]) and
-                  (k + j + 1 >= len(fine) or not set(g) >= set(fine[k + j + 1])))
-        end.append(k)
+    if fine is None or end is None:
+        fine, end = groups, range(len(groups))
     after = _estimate(fine, reads, nbytes, alias, given, outs)
     overall = max(after, default=0)
     n = len(groups)

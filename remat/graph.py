@@ -453,10 +453,7 @@ def _cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
     key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)
     if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4:
         return 0
-    def hint(v: object) -> int:
-        return compat.size_hint(v) if compat.is_sym(v) else int(v)  # type: ignore[arg-type]
-
-    q_len, kv_len, head = hint(query.shape[2]), hint(key.shape[2]), hint(query.shape[3])
+    q_len, head, kv_len = cost.shape(query)[2], cost.shape(query)[3], cost.shape(key)[2]
     q_split = min(256 if q_len >= 768 else 64 if q_len >= 192 else 32, q_len)
     kv_split = min(512, kv_len)
     low = query.dtype in (torch.bfloat16, torch.float16)
