@@ -601,9 +601,10 @@ def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes:
         if nbytes[u] and u in last:
             delta[0] += nbytes[u]
             delta[last[u] + 1] -= nbytes[u]
+    kept = {storage_of(alias, o) for o in outs}  # outputs, also those written in place
     for s, i in first.items():
         if nbytes[s] and s not in given:
-            t = n if s in outs or any(storage_of(alias, o) == s for o in outs if o in first) else last[s]
+            t = n if s in kept else last[s]
             delta[i] += nbytes[s]
             delta[t + 1] -= nbytes[s]
     after, mem = [], 0

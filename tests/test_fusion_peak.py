@@ -319,3 +319,20 @@ def test_reuse_within_the_margin_of_inductors_estimate_holds_the_buffer():
     assert simulate(s, set()).peak_bytes == 2012
     exact = dataclasses.replace(s.fusion, reuse_margin=0.0)
     assert simulate(dataclasses.replace(s, fusion=exact), set()).peak_bytes == 2004
+
+
+def test_output_written_in_place_keeps_its_buffer_in_inductors_estimate():
+    # The output v is written into s's buffer, which therefore lives to the end of the graph in
+    # Inductor's peak estimate. Its peak is 364 B (e and f, at the start); c could take a's
+    # buffer, freed three kernels earlier, only if holding it meanwhile (100 B on top of 358 B
+    # while m and n run) stayed within it: it does not, so c gets its own buffer. Counting s's
+    # buffer as freed at v would lower the middle to 258 B and allow the reuse.
+    spec = [("x", "input", (), 0), ("e", "extern", ("x",), 360), ("f", "extern", ("e",), 4),
+            ("s", "extern", ("x",), 100), ("v", "pointwise", ("s",), 100), ("a", "extern", ("x",), 100),
+            ("b", "extern", ("a",), 100), ("m", "extern", ("x",), 150), ("n", "extern", ("m",), 4),
+            ("c", "extern", ("b",), 100)]
+    s = graph(spec, ["f", "v", "n", "c"])
+    nodes = [v for v in range(s.n) if v not in s.graph_input]
+    _, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
+                              s.fwd_outputs, dataclasses.replace(s.fusion, reuse_margin=0.0))
+    assert {s.names[k]: s.names[v] for k, v in alias.items()} == {"v": "s"}
