@@ -23,9 +23,9 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as tuc
+import workloads
 
 import remat
-from remat import workloads
 
 VARIANTS = ("eager", "eager+ckpt", "compile", "compile budget 0.5", "compile+ckpt", "remat", "remat budget 100%",
             "remat budget 75%", "remat budget 50%", "remat budget 25%", "remat @ ckpt peak",

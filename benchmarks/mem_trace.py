@@ -23,9 +23,9 @@ import os
 import tarfile
 
 import torch
+import workloads
 
 import remat
-from remat import workloads
 
 
 def _frame(frames: list[dict]) -> tuple[str, int, str]:

@@ -27,9 +27,10 @@ import time
 import traceback
 
 import torch
+import workloads
 
 import remat
-from remat import compat, workloads
+from remat import compat
 
 BUDGETS = (None, 0.25, 0.5, 0.75, 1.0)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

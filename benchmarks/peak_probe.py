@@ -11,10 +11,10 @@ import contextlib
 import copy
 
 import torch
+import workloads
 from bench import step_peak_bytes  # this folder's benchmark script (run from benchmarks/ or the repo root)
 
 import remat
-from remat import workloads
 
 
 def main(argv=None) -> None:

@@ -18,14 +18,16 @@ import time
 
 import torch
 import torch.nn as nn
+import workloads
 
-from remat import partition, workloads
+from remat import planner
 from remat.options import Options
 
 
 def capture_joint(blocks: int):
     """The joint graph AOTAutograd hands to the partitioner, with its arguments."""
     from remat import compat
+    from remat.inductor.decompositions import decomposition_table
 
     grabbed = {}
 
@@ -35,7 +37,7 @@ def capture_joint(blocks: int):
                                         static_lifetime_input_indices=static_lifetime_input_indices)
 
     backend = compat.aot_autograd(fw_compiler=lambda g, _: compat.make_boxed_func(g.forward),
-                                  partition_fn=part, decompositions=compat.select_decomp_table())
+                                  partition_fn=part, decompositions=decomposition_table())
     torch.manual_seed(0)
     model = nn.Sequential(*[workloads.GptBlock(64, 4, 256) for _ in range(blocks)])
     x = torch.randn(2, 16, 64, requires_grad=True)
@@ -63,11 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     gm, nfo, static = capture_joint(args.blocks)
     nodes = len(gm.graph.nodes)
     opts = Options(backend=args.backend)
-    plan_s = timed(lambda: partition.plan_joint_graph(copy.deepcopy(gm), nfo, static, opts), args.repeats)
+    plan_s = timed(lambda: planner.plan_joint_graph(copy.deepcopy(gm), nfo, static, opts), args.repeats)
     res = {}
 
     def frontier():
-        res["p"] = partition.plan_joint_graph(copy.deepcopy(gm), nfo, static, opts, want_frontier=True)
+        res["p"] = planner.plan_joint_graph(copy.deepcopy(gm), nfo, static, opts, want_frontier=True)
 
     frontier_s = timed(frontier, args.repeats)
     copy_s = timed(lambda: copy.deepcopy(gm), args.repeats)

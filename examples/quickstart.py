@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
+from pathlib import Path
 
 import torch
 
 import remat
-from remat import workloads
 from remat.plan import format_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import workloads  # noqa: E402  (the reference models live beside the benchmarks, not in the package)
 
 
 def main(argv: list[str] | None = None) -> None:

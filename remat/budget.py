@@ -1,11 +1,12 @@
-"""Memory budgets: parsing, and choosing the plan that fits.
+"""Memory budgets: what a budget is and how it is parsed. The choice of the plan that fits is
+the planner's (``remat.planner.choose``).
 
 A budget is a number of bytes (an ``int``, or a string such as ``"6GiB"``, ``"800MB"``,
 ``"1.5 GB"``) or a fraction in (0, 1] of ``eager_peak_bytes``, the predicted peak of the same
 graph saving what autograd saves. It bounds the *predicted peak* activation memory of a
 training step (``remat.peak``), not the sum of saved bytes.
 
-Choosing (see ``choose``): among the candidate plans (the default plan and every vertex of the
+Choosing (``remat.planner.choose``): among the candidate plans (the default plan and every vertex of the
 memory/recompute frontier), take the one with the least estimated recompute time whose
 predicted peak fits; ties go to the lower peak. The candidate set does not depend on the
 budget, so a smaller budget never gives a larger peak or a shorter recompute time.
@@ -16,10 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import InfeasibleBudgetError, RematError
-from .plan import format_bytes
+from .errors import RematError
+from .units import format_bytes
 
-__all__ = ["Budget", "parse_budget", "choose"]
+__all__ = ["Budget", "parse_budget"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -74,34 +75,3 @@ def parse_budget(value: object) -> Budget | None:
             raise _bad(value, "bytes must be positive")
         return Budget(nbytes=int(n))
     raise _bad(value, f"a {type(value).__name__} is not a budget")
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    key: object
-    peak: int
-    time: float
-    saved_bytes: int
-
-
-def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0) -> Candidate:
-    """The fastest candidate whose predicted peak fits; raises InfeasibleBudgetError if none,
-    saying whether any plan at all could fit (``floor``: ``remat.peak.floor_bytes``)."""
-    fitting = [c for c in candidates if c.peak <= budget_bytes]
-    if not fitting:
-        best = min(c.peak for c in candidates)
-        if floor and budget_bytes < floor:
-            why = (f"no plan can fit it: the gradients, outputs and output gradients, with the "
-                   f"operands of the backward's largest op, need {format_bytes(floor)} whatever is "
-                   "saved or recomputed")
-        else:
-            why = (f"the backward's own working set keeps remat's plans (each value recomputed at "
-                   f"most once) above that; no plan of any kind goes under {format_bytes(floor)}"
-                   if floor else "")
-        raise InfeasibleBudgetError(
-            f"remat: no plan fits a peak of {format_bytes(budget_bytes)}: the smallest predicted "
-            f"peak for this graph is {format_bytes(best)} (eager autograd's: "
-            f"{format_bytes(eager_peak)}){'; ' + why if why else ''}. Raise the budget to at least "
-            f"{format_bytes(best)}, or use remat.pareto(model, *inputs) to see every trade-off."
-        )
-    return min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))

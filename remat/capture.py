@@ -1,5 +1,6 @@
-"""Capture: the Dynamo backend that hands each captured graph to AOTAutograd with remat's
-partition function, then to the chosen lowering (Inductor or uncompiled)."""
+"""Capture: the Dynamo backend that hands each captured graph to the chosen backend
+(``remat.backend``: Inductor or uncompiled), which traces it with AOTAutograd and splits it
+with remat's partition function."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import compat
+from .backend import backend_for
 from .options import Options
 from .partition import make_partition_fn
 from .plan import Plan
@@ -18,10 +20,6 @@ __all__ = ["RematBackend", "remat_backend"]
 
 class _Planned(Exception):
     """Raised after planning in explain-only mode, to skip compiling the planned graph."""
-
-
-def _run_uncompiled(gm: fx.GraphModule, example_inputs: Any) -> Any:
-    return compat.run_uncompiled(gm)
 
 
 class RematBackend:
@@ -64,17 +62,7 @@ class RematBackend:
             self.graph_breaks.append(where)
         partition = make_partition_fn(self.options, self._sink, self.want_frontier)
         try:
-            if self.options.backend == "eager":
-                lower = compat.aot_autograd(
-                    fw_compiler=_run_uncompiled,
-                    bw_compiler=_run_uncompiled,
-                    partition_fn=partition,
-                    decompositions=compat.eager_decompositions(),
-                )
-                with compat.no_autograd_cache():
-                    return lower(gm, example_inputs)
-            with compat.inductor_partitioner(partition):
-                return compat.compile_fx(gm, example_inputs)
+            return backend_for(self.options.backend).compile(gm, example_inputs, partition)
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned

@@ -17,83 +17,35 @@ import operator
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
 
-from . import compat, cost, fusion
+from . import compat, cost
+from .ops import (
+    ATTENTION_OPS,
+    CAST_OPS,
+    DATA_DEPENDENT_OPS,
+    MATMUL_OPS,
+    MUTATING_HOPS,
+    RANDOM_OPS,
+    REDUCTION_OPS,
+    is_collective,
+    op_name,
+    packet,
+)
 from .peak import Schedule
+from .plan import NodeFacts, Role
 from .policy import OpInfo
+from .reach import reachable
 from .solver import Problem
 
-__all__ = ["NodeFacts", "JointGraph", "analyze", "op_name", "block_of"]
+if TYPE_CHECKING:
+    from .backend import Backend
 
-MATMUL_OPS = frozenset(
-    "aten." + n
-    for n in (
-        "mm addmm bmm baddbmm matmul mv addmv dot vdot _int_mm _scaled_mm convolution "
-        "_convolution conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d "
-        "cudnn_convolution cudnn_convolution_transpose mkldnn_convolution miopen_convolution "
-        "_weight_int4pack_mm _weight_int8pack_mm linear"
-    ).split()
-)
-ATTENTION_OPS = frozenset(
-    "aten." + n
-    for n in (
-        "scaled_dot_product_attention _scaled_dot_product_attention_math "
-        "_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_for_cpu "
-        "_scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention "
-        "_scaled_dot_product_fused_attention_overrideable _flash_attention_forward "
-        "_efficient_attention_forward"
-    ).split()
-) | {"higher_order.flex_attention"}
-REDUCTION_OPS = frozenset(
-    "aten." + n
-    for n in (
-        "sum mean amax amin var var_mean std std_mean prod logsumexp max min norm "
-        "linalg_vector_norm any all nansum"
-    ).split()
-) | frozenset({"prims.sum", "prims.var", "prims.amax", "prims.amin", "prims.prod"})
-DATA_DEPENDENT_OPS = frozenset(
-    "aten." + n
-    for n in (
-        "topk sort argsort argmax argmin nonzero nonzero_static unique_dim _unique _unique2 "
-        "unique_consecutive kthvalue mode median nanmedian masked_select searchsorted "
-        "bucketize _local_scalar_dense histc"
-    ).split()
-) | frozenset({"aten.max.dim", "aten.min.dim", "aten.cummax", "aten.cummin"})
-RANDOM_OPS = frozenset(
-    "aten." + n
-    for n in (
-        "native_dropout bernoulli rand randn rand_like randn_like randint randint_like normal "
-        "uniform exponential multinomial randperm"
-    ).split()
-) | frozenset(
-    {"prims.inductor_random", "prims.inductor_seeds", "rngprims.philox_rand",
-     "higher_order.run_and_save_rng_state", "higher_order.run_with_rng_state"}
-)
-COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d"})
-MUTATING_HOPS = frozenset({"higher_order.with_effects", "higher_order.auto_functionalized",
-                           "higher_order.triton_kernel_wrapper_mutation"})
-
-
-def op_name(node: fx.Node) -> str:
-    """``aten.mm.default``, ``getitem``, ``higher_order.flex_attention``; ``""`` for placeholders."""
-    t = node.target
-    if node.op != "call_function":
-        return ""
-    if isinstance(t, compat.OpOverload):
-        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
-    if isinstance(t, compat.HigherOrderOperator):
-        return f"higher_order.{t.name()}"
-    if t is operator.getitem:
-        return "getitem"
-    return getattr(t, "__name__", str(t))
-
-
-def _packet(op: str) -> str:
-    return ".".join(op.split(".")[:2])
-
+__all__ = ["NodeFacts", "JointGraph", "analyze", "op_name", "block_of", "flags", "tensor_inputs", "view_root",
+           "device_of"]
 
 _PATH_KEY = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
@@ -135,20 +87,6 @@ def _source(node: fx.Node) -> str:
     return f"{file.rsplit('/', 1)[-1]}:{line}"
 
 
-@dataclass(frozen=True, slots=True)
-class NodeFacts:
-    """What the plan reports of one value of the joint graph."""
-
-    name: str
-    op: str
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    module: str
-    source: str
-    role: str  # "input", "parameter", "forward", "backward-only"
-
-
 @dataclass
 class JointGraph:
     """Facts about one joint graph: values are the forward-computable nodes, in graph order."""
@@ -172,6 +110,14 @@ class JointGraph:
     recompute_flops: list[int] = field(default_factory=list)
     recompute_seconds: list[float] = field(default_factory=list)
     """Estimated time to recompute each value in a fused backward kernel (0 if not forward)."""
+
+    def readers(self) -> list[list[int]]:
+        """For each value, the values that read it (in graph order)."""
+        out: list[list[int]] = [[] for _ in self.inputs]
+        for i, ins in enumerate(self.inputs):
+            for u in ins:
+                out[u].append(i)
+        return out
 
     def to_schedule_ids(self, values: list[int] | tuple[int, ...]) -> set[int]:
         return {self.sched_ids[i] for i in values}
@@ -201,36 +147,37 @@ def _fwd_bwd_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, li
     return args[:num_fwd_outputs], args[num_fwd_outputs:]
 
 
-def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
+def tensor_inputs(node: fx.Node) -> list[fx.Node]:
     return [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
 
 
-def _flags(node: fx.Node, op: str) -> dict:
+def flags(node: fx.Node, op: str) -> dict:
+    """The ``OpInfo`` flags of one op (matmul, attention, random, view, reduction ratio, ...)."""
     t = node.target
-    packet = _packet(op)
-    flags = {}
+    pk = packet(op)
+    out: dict = {}
     if isinstance(t, compat.OpOverload):
         schema = t._schema
         rets = schema.returns
-        flags["is_view"] = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
-        flags["is_mutating"] = schema.is_mutable
-        flags["is_random"] = torch.Tag.nondeterministic_seeded in t.tags or packet in RANDOM_OPS
-        flags["is_collective"] = t.namespace in COLLECTIVE_NAMESPACES
+        out["is_view"] = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+        out["is_mutating"] = schema.is_mutable
+        out["is_random"] = torch.Tag.nondeterministic_seeded in t.tags or pk in RANDOM_OPS
+        out["is_collective"] = is_collective(t)
     else:
-        flags["is_random"] = op in RANDOM_OPS
-        flags["is_mutating"] = op in MUTATING_HOPS
-    flags["is_data_dependent"] = packet in DATA_DEPENDENT_OPS or op in DATA_DEPENDENT_OPS
-    flags["is_matmul"] = packet in MATMUL_OPS
-    flags["is_attention"] = packet in ATTENTION_OPS or op in ATTENTION_OPS
-    if flags["is_attention"]:
+        out["is_random"] = op in RANDOM_OPS
+        out["is_mutating"] = op in MUTATING_HOPS
+    out["is_data_dependent"] = pk in DATA_DEPENDENT_OPS or op in DATA_DEPENDENT_OPS
+    out["is_matmul"] = pk in MATMUL_OPS
+    out["is_attention"] = pk in ATTENTION_OPS or op in ATTENTION_OPS
+    if out["is_attention"]:
         # Attention kernels are tagged as seeded for their optional dropout.
-        flags["is_random"] = _attention_dropout(node) > 0
-    if packet in REDUCTION_OPS:
-        ins = _tensor_inputs(node)
+        out["is_random"] = _attention_dropout(node) > 0
+    if pk in REDUCTION_OPS:
+        ins = tensor_inputs(node)
         out_numel = cost.numel(node.meta.get("val"))
         in_numel = cost.numel(ins[0].meta.get("val")) if ins else 0
-        flags["reduction_ratio"] = in_numel / max(out_numel, 1)
-    return flags
+        out["reduction_ratio"] = in_numel / max(out_numel, 1)
+    return out
 
 
 def _attention_dropout(node: fx.Node) -> float:
@@ -246,7 +193,7 @@ def _attention_dropout(node: fx.Node) -> float:
 
 def device_model_for(gm: fx.GraphModule) -> cost.DeviceModel:
     """The default device model: H200 numbers for a graph on a GPU, CPU numbers otherwise."""
-    return cost.H200 if _device(gm) == "cuda" else cost.CPU
+    return cost.H200 if device_of(gm) == "cuda" else cost.CPU
 
 
 def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
@@ -275,10 +222,10 @@ def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
 
 
 def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int],
-            device_model: cost.DeviceModel | None = None, backend: str = "eager") -> JointGraph:
+            device_model: cost.DeviceModel | None = None, backend: Backend | None = None) -> JointGraph:
     """Classify the joint graph's nodes (see the module docstring). ``backend`` is how the
-    partitioned graphs will run: its schedule simulates the step op by op (``"eager"``, the
-    uncompiled backend) or as Inductor's kernels (``"inductor"``; ``remat.fusion``)."""
+    partitioned graphs will run (``remat.backend``): it supplies the step model the schedule is
+    simulated with; ``None`` simulates op by op, as eager autograd and the uncompiled backend run."""
     graph = gm.graph
     primals = [n for n in graph.nodes if n.op == "placeholder" and not _is_tangent(n)]
     static = {primals[i] for i in static_input_indices if i < len(primals)}
@@ -289,14 +236,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
         if _is_tangent(n) or any(a in backward for a in n.all_input_nodes):
             if n.op != "output":
                 backward.add(n)
-    forward_nodes: set[fx.Node] = set()
-    stack = [a for a in fwd_outs if isinstance(a, fx.Node)]
-    while stack:
-        n = stack.pop()
-        if n in forward_nodes:
-            continue
-        forward_nodes.add(n)
-        stack.extend(n.all_input_nodes)
+    forward_nodes = reachable([a for a in fwd_outs if isinstance(a, fx.Node)], lambda n: n.all_input_nodes)
     # Every output of a multi-output forward op (an attention's logsumexp, say) is forward.
     forward_nodes.update(u for n in list(forward_nodes) for u in n.users
                          if u.target is operator.getitem)
@@ -316,29 +256,29 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
 
     # Statistics (reduction outputs and pointwise functions of them) for the normalization rule.
     op_names = {n: op_name(n) for n in values}
-    flags = {n: _flags(n, op_names[n]) for n in values if n.op == "call_function"}
+    op_flags = {n: flags(n, op_names[n]) for n in values if n.op == "call_function"}
     stat: set[fx.Node] = set()
     for n in values:
         if n.op != "call_function":
             continue
-        f = flags[n]
+        f = op_flags[n]
         if f.get("reduction_ratio", 0) >= 4:
             stat.add(n)
         elif op_names[n] == "getitem" and n.args[0] in stat:
             stat.add(n)
         else:
-            ins = _tensor_inputs(n)
+            ins = tensor_inputs(n)
             if ins and all(a in stat for a in ins) and not f.get("is_view"):
                 stat.add(n)
 
-    boundaries = _normalization_boundaries(values, stat, forward_nodes, flags)
+    boundaries = _normalization_boundaries(values, stat, forward_nodes, op_flags)
     facts, ops, inputs, costs = [], [], [], []
     for n in values:
         val = n.meta.get("val")
         is_forward = n in forward_nodes
-        f = flags.get(n, {})
-        if op_names[n] == "getitem" and n.args[0] in flags:
-            parent = flags[n.args[0]]
+        f = op_flags.get(n, {})
+        if op_names[n] == "getitem" and n.args[0] in op_flags:
+            parent = op_flags[n.args[0]]
             for k in ("is_random", "is_mutating", "is_collective", "is_data_dependent",
                       "is_matmul", "is_attention", "is_view"):
                 if parent.get(k):
@@ -347,12 +287,12 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
                 f = {**f, "reduction_ratio": parent["reduction_ratio"]}
         boundary = n in boundaries
         if n.op == "placeholder":
-            role = "parameter" if n in static else "input"
+            role = Role.PARAMETER if n in static else Role.INPUT
         elif n.op == "get_attr":
-            role = "parameter"
+            role = Role.PARAMETER
         else:
-            role = "forward" if is_forward else "backward-only"
-        nbytes = 0 if role == "parameter" else cost.nbytes(val)
+            role = Role.FORWARD if is_forward else Role.BACKWARD_ONLY
+        nbytes = 0 if role is Role.PARAMETER else cost.nbytes(val)
         if isinstance(val, (tuple, list)):
             nbytes = 0  # multi-output op: its getitems carry the bytes
         root = view_root(n) if n.op == "call_function" else n
@@ -370,15 +310,14 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     jg = JointGraph(values, index, facts, ops, inputs, costs, needed,
                     {i for i, n in enumerate(values) if n in forward_nodes})
     jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
-    jg.schedule, ids = _schedule(graph, backward, fwd_outs, bwd_outs, set(primals),
-                                 fusion.rules_for(_device(gm)) if backend == "inductor" else None)
+    jg.schedule, ids = _schedule(gm, backward, fwd_outs, bwd_outs, set(primals), backend)
     jg.sched_ids = [ids[n] for n in values]
     jg.node_ops = {i: op_name(n) for n, i in ids.items()}
     _recompute_costs(jg, device_model or device_model_for(gm))
     return jg
 
 
-def _device(gm: fx.GraphModule) -> str:
+def device_of(gm: fx.GraphModule) -> str:
     """The device type of the graph's first tensor on an accelerator, else ``"cpu"``."""
     for n in gm.graph.nodes:
         val = n.meta.get("val")
@@ -387,124 +326,10 @@ def _device(gm: fx.GraphModule) -> str:
     return "cpu"
 
 
-HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
-"""Ops whose presence makes Inductor's CPU backend store a reused value rather than repeat it
-(``StorageBox.should_realize_on_reuse``; 2.11, 2.13)."""
-
-
-def lowering_kind(node: fx.Node, extern: bool) -> str:
-    """How Inductor lowers ``node`` (``remat.fusion.KINDS``). ``extern``: whether Inductor runs
-    this op as an extern kernel (``compat.inductor_runs_extern``)."""
-    if node.op != "call_function":
-        return "input"
-    if view_root(node) is not node:
-        return "view"
-    op = op_name(node)
-    target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
-    f = _flags(target, op_name(target))
-    if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
-                               "is_mutating")) or extern:
-        return "extern"
-    if f.get("is_random"):
-        return "random"
-    if "reduction_ratio" in f:
-        return "reduction" if _reduces_last_dims(target) else "outer-reduction"
-    return "pointwise"
-
-
-def _reduces_last_dims(node: fx.Node) -> bool:
-    """Whether a reduction reduces its input's trailing dimensions (a row of a matrix, as a
-    layer norm does), rather than leading ones (a bias gradient summing over the batch)."""
-    ins = _tensor_inputs(node)
-    ndim = len(cost.shape(ins[0].meta.get("val"))) if ins else 0
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    if isinstance(dims, int):
-        dims = [dims]
-    if not isinstance(dims, (list, tuple)) or not dims or not ndim:
-        return True
-    got = sorted(d % ndim for d in dims if isinstance(d, int))
-    return got == list(range(ndim - len(got), ndim))
-
-
-def _workspace(node: fx.Node) -> int:
-    """Scratch bytes an extern kernel holds while it runs. CPU flash attention: per-thread
-    blocks (``_cpu_flash_attention_scratch``). Other attention backward kernels accumulate the
-    query gradient in float32 (FlashAttention's ``dq_accum``): 4 bytes per element of it."""
-    op = op_name(node)
-    if op.startswith("aten._scaled_dot_product_flash_attention_for_cpu"):
-        return _cpu_flash_attention_scratch(node, backward=op.endswith("_backward.default"))
-    if not (op.startswith("aten.") and "attention" in op and "backward" in op):
-        return 0
-    val = node.meta.get("val")
-    first = val[0] if isinstance(val, (tuple, list)) and val else val
-    return 4 * cost.numel(first) if isinstance(first, torch.Tensor) else 0
-
-
-def _cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
-    """ATen's CPU flash attention (``native/cpu/FlashAttentionKernel.cpp``) splits queries into
-    blocks of 32, 64 or 256 rows (sequences under 192, under 768, longer) and keys into blocks
-    of 512, and gives each thread float32 buffers: the forward a score block, its row max and
-    sum and an output block; the backward a score block and its gradient (plus a row sum), and
-    bf16/fp16 copies of the score blocks for low-precision inputs; the backward also copies an
-    output gradient that is not contiguous in its layout. Checked against the profiler on torch
-    2.13 (tests/test_fusion_peak.py)."""
-    ins = [a.meta.get("val") for a in node.args[:4] if isinstance(a, fx.Node)]
-    query = ins[1] if backward and len(ins) > 1 else (ins[0] if ins else None)
-    key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)
-    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4:
-        return 0
-    q_len, head, kv_len = cost.shape(query)[2], cost.shape(query)[3], cost.shape(key)[2]
-    q_split = min(256 if q_len >= 768 else 64 if q_len >= 192 else 32, q_len)
-    kv_split = min(512, kv_len)
-    low = query.dtype in (torch.bfloat16, torch.float16)
-    accum = 8 if query.dtype == torch.float64 else 4
-    if backward:
-        per_thread = 2 * q_split * kv_split * accum + q_split * accum + (2 * q_split * kv_split * 2 if low else 0)
-        grad_out = ins[0]
-        copy = 0  # the kernel makes grad_out contiguous in (batch, sequence, head, dim) order
-        if isinstance(grad_out, torch.Tensor) and not grad_out.transpose(1, 2).is_contiguous():
-            copy = cost.nbytes(grad_out)
-        return torch.get_num_threads() * per_thread + copy
-    per_thread = (q_split * kv_split + 2 * q_split + q_split * head) * accum + (q_split * kv_split * 2 if low else 0)
-    return torch.get_num_threads() * per_thread
-
-
-def _runs_extern(node: fx.Node) -> bool:
-    if node.op != "call_function":
-        return False
-    t = node.target
-    if t is operator.getitem and isinstance(node.args[0], fx.Node):
-        t = node.args[0].target
-    return isinstance(t, compat.OpOverload) and compat.inductor_runs_extern(t)
-
-
-LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
-
-
-def _own_ops(node: fx.Node) -> int:
-    """Ops a pointwise node adds to an inlined Inductor expression: itself and its scalar
-    constants; Inductor computes low-precision values in float32, so a bf16/fp16 result adds a
-    cast down and back (2) and each low-precision operand a cast up (2, with its precision-emulation
-    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (2.13)."""
-    if node.op != "call_function":
-        return 0
-    low = {a for a in _tensor_inputs(node) if a.meta["val"].dtype in LOW_PRECISION}
-    val = node.meta.get("val")
-    out_low = isinstance(val, torch.Tensor) and val.dtype in LOW_PRECISION
-    if op_name(node) in CAST_OPS:
-        return 3 if out_low else 1
-    scalars = [a for a in node.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-    return 1 + len(scalars) + (2 if out_low else 0) + 2 * len(low)
-
-
-def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs: list,
-              primals: set[fx.Node], rules: fusion.FusionRules | None = None
-              ) -> tuple[Schedule, dict[fx.Node, int]]:
-    nodes = [n for n in graph.nodes if n.op != "output"]
+def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_outs: list,
+              primals: set[fx.Node], backend: Backend | None) -> tuple[Schedule, dict[fx.Node, int]]:
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
     ids = {n: i for i, n in enumerate(nodes)}
-    kind: tuple[str, ...] = ()
-    if rules is not None:
-        kind = tuple(lowering_kind(n, _runs_extern(n)) for n in nodes)
     nbytes, root = [], []
     for n in nodes:
         r = view_root(n) if n.op == "call_function" else n
@@ -522,14 +347,7 @@ def _schedule(graph: fx.Graph, backward: set[fx.Node], fwd_outs: list, bwd_outs:
         fwd_outputs=tuple(ids[a] for a in fwd_outs if isinstance(a, fx.Node) and a in ids),
         bwd_outputs=tuple(ids[a] for a in bwd_outs if isinstance(a, fx.Node) and a in ids),
         names=tuple(n.name for n in nodes),
-        kind=kind,
-        ops=tuple(_own_ops(n) for n in nodes) if kind else (),
-        dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes) if kind else (),
-        workspace=tuple(_workspace(n) for n in nodes) if kind else (),
-        block=tuple(block_of(n) if n.op == "call_function" else None for n in nodes) if kind else (),
-        heavy=frozenset(i for i, n in enumerate(nodes) if _packet(op_name(n)).split(".")[-1] in HEAVY_OPS)
-        if kind else frozenset(),
-        fusion=rules,
+        **(backend.schedule_fields(gm, nodes) if backend is not None else {}),
     ), ids
 
 
@@ -556,7 +374,6 @@ def _reaches_reduction_pointwise(start: fx.Node, forward_nodes: set[fx.Node], fl
     return False
 
 
-CAST_OPS = frozenset({"prims.convert_element_type.default", "aten._to_copy.default"})
 
 
 def _normalization_boundaries(values: list[fx.Node], stat: set[fx.Node], forward_nodes: set[fx.Node],
@@ -569,13 +386,13 @@ def _normalization_boundaries(values: list[fx.Node], stat: set[fx.Node], forward
     for n in values:
         if n.op != "call_function" or n not in forward_nodes or n in stat or flags[n].get("is_view"):
             continue
-        ins = _tensor_inputs(n)
+        ins = tensor_inputs(n)
         full = cost.numel(n.meta.get("val"))
         if not (any(a in stat for a in ins)
                 and any(a not in stat and cost.numel(a.meta.get("val")) == full for a in ins)):
             continue
         if not any(u in forward_nodes and u.op == "call_function"
-                   and not any(a in stat for a in _tensor_inputs(u)) for u in n.users):
+                   and not any(a in stat for a in tensor_inputs(u)) for u in n.users):
             continue
         if not _reaches_reduction_pointwise(n, forward_nodes, flags):
             continue

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .backend import BACKENDS
 from .budget import Budget, parse_budget
 from .cost import DEVICE_MODELS, DeviceModel
 from .errors import RematError
 from .policy import Policy, normalize_policy
 
 __all__ = ["Options", "BACKENDS"]
-
-BACKENDS = ("inductor", "eager")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,9 +15,9 @@ Views own no storage: a storage lives until the last use of any view of it. Grap
 (parameters and the caller's inputs) exist before the step and are not counted. The peak is the
 largest sum of live storage bytes after any op.
 
-That is how the uncompiled backend runs (``Schedule.fusion is None``): exact, measured to the
-byte. Under Inductor (``Schedule.fusion`` set) the same step is replayed kernel by kernel
-instead: ``remat.fusion`` lowers the forward and the backward the way Inductor does, so only
+That is how the uncompiled backend runs (``Schedule.model`` is ``OP_BY_OP``): exact, measured to
+the byte. Under Inductor (``remat.inductor.kernel_model``) the same step is replayed kernel by
+kernel instead: ``remat.inductor.fusion`` lowers the forward and the backward the way Inductor does, so only
 stored values take memory, a value an inlined expression reads lives until the last kernel that
 recomputes it, fused kernels allocate their buffers together, and buffers are written in place or
 reused; ops only the backward needs are computed in the forward right after their inputs
@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from .fusion import FusionRules, kernels, lower
+from .reach import reachable
 
-__all__ = ["Schedule", "PeakResult", "simulate", "floor_bytes", "backward_order", "lazy_order"]
+__all__ = ["Schedule", "PeakResult", "Step", "StepModel", "OpByOp", "OP_BY_OP", "simulate", "floor_bytes",
+           "backward_order", "lazy_order", "ancestors"]
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class Schedule:
     bwd_outputs: tuple[int, ...]
     names: tuple[str, ...] = ()
     kind: tuple[str, ...] = ()
-    """How Inductor lowers each node (``remat.fusion.KINDS``); empty: unknown."""
+    """How Inductor lowers each node (``remat.inductor.fusion.KINDS``); empty: unknown."""
     ops: tuple[int, ...] = ()
     """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
     dtype: tuple[str, ...] = ()
@@ -72,9 +73,10 @@ class Schedule:
     """Scratch bytes each (extern) node holds while it runs, beyond its output."""
     heavy: frozenset[int] = frozenset()
     """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
-    fusion: FusionRules | None = None
-    """``None``: the step runs op by op (uncompiled). Otherwise it runs as Inductor's kernels
-    under these rules (``remat.fusion``); needs ``kind``."""
+    model: StepModel | None = None
+    """How the backend runs the step: ``None`` (or ``OP_BY_OP``), op by op as the uncompiled
+    backend does; otherwise the backend's own model, such as Inductor's kernels
+    (``remat.inductor.kernel_model``), which reads the lowering facts above."""
 
     @property
     def n(self) -> int:
@@ -93,16 +95,9 @@ class PeakResult:
     """Largest live bytes during the forward."""
 
 
-def _ancestors(s: Schedule, seeds: set[int], stop: set[int]) -> set[int]:
-    out: set[int] = set()
-    stack = [v for v in seeds]
-    while stack:
-        v = stack.pop()
-        if v in out:
-            continue
-        out.add(v)
-        stack.extend(u for u in s.inputs[v] if u not in out and u not in stop)
-    return out
+def ancestors(s: Schedule, seeds: set[int], stop: set[int]) -> set[int]:
+    """``seeds`` and every node they read, transitively, without entering ``stop``."""
+    return reachable(seeds, lambda v: [u for u in s.inputs[v] if u not in stop])
 
 
 def lazy_order(anchors: Iterable[T], inputs: Callable[[T], Sequence[T]], movable: Callable[[T], bool]) -> list[T]:
@@ -137,13 +132,12 @@ def backward_order(s: Schedule, saved: set[int]) -> list[int]:
 
 def simulate(s: Schedule, saved: set[int]) -> PeakResult:
     """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
-    (``s.fusion is None``, the uncompiled backend) or kernel by kernel as Inductor lowers the
-    two graphs (``remat.fusion``)."""
+    (``s.model`` is ``OP_BY_OP``, the uncompiled backend) or kernel by kernel as Inductor lowers the
+    two graphs (``remat.inductor``)."""
     pre = set(s.graph_input)
-    fwd = sorted(_ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
+    fwd = sorted(ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
     bwd = backward_order(s, saved)
-    build = _op_steps if s.fusion is None else _kernel_steps
-    steps, boundary, nbytes, storage = build(s, set(saved), fwd, bwd)
+    steps, boundary, nbytes, storage = (s.model or OP_BY_OP).steps(s, set(saved), fwd, bwd)
     pin_end = {storage(v, 0) for v in s.fwd_outputs}
     pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *s.tangent)}  # the autograd Function holds them
     pin_boundary = {storage(v, 0) for v in saved}  # saved values live at least to the boundary
@@ -156,7 +150,7 @@ def floor_bytes(s: Schedule) -> int:
     only adds forward ops), the forward outputs and the output gradients live through the
     whole backward, and a gradient lives from its op to the end of the step. So when a
     backward op runs, its result, its operands, the outputs, the output gradients and the
-    gradients made before it are all alive. Op by op (``s.fusion is None``) every backward op
+    gradients made before it are all alive. Op by op (``s.model`` is ``OP_BY_OP``) every backward op
     counts; under Inductor only extern kernels (a matmul reads and writes real buffers) and the
     end of the step, since fused work may keep its operands on chip."""
     pre = set(s.graph_input)
@@ -167,7 +161,7 @@ def floor_bytes(s: Schedule) -> int:
     for v in range(s.n):
         if v not in s.backward or v in s.tangent:
             continue
-        if s.fusion is None or (s.kind and s.kind[v] == "extern"):
+        if (s.model or OP_BY_OP).in_floor(s, v):
             here = {s.root[v]} | {s.root[u] for u in s.inputs[v]}
             best = max(best, sum(s.nbytes[r] for r in (here | pinned | done) - pre))
         if s.root[v] in grads:
@@ -179,12 +173,42 @@ _Key = tuple[int, int]  # (storage-owning node, 0 in the forward or 1 in the bac
 
 
 @dataclass(frozen=True)
-class _Step:
+class Step:
     label: str
     allocs: tuple[_Key, ...]
     reads: frozenset[_Key]
     scratch: int = 0
     """Bytes held only while the step runs."""
+
+
+class StepModel(Protocol):
+    """How a backend runs one step, for the simulator: the backend interface's pure half
+    (``remat.backend.Backend.step_model``)."""
+
+    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]
+              ) -> tuple[list[Step], int, dict[_Key, int], Callable[[int, int], _Key]]:
+        """The step as allocation steps: (steps, index of the first backward step, bytes of each
+        storage, the storage a node's value lives in per phase)."""
+        ...
+
+    def in_floor(self, s: Schedule, v: int) -> bool:
+        """Whether backward op ``v``'s operands and result must be in memory together
+        (``floor_bytes``)."""
+        ...
+
+
+class OpByOp:
+    """The uncompiled backend: one step per op, every op's output a tensor; every backward op's
+    operands are in memory while it runs."""
+
+    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+        return _op_steps(s, saved, fwd, bwd)
+
+    def in_floor(self, s: Schedule, v: int) -> bool:
+        return True
+
+
+OP_BY_OP = OpByOp()
 
 
 def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
@@ -203,86 +227,12 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
         if own:
             nbytes[(v, phase)] = s.nbytes[v]
         where = "forward" if phase == 0 else "backward"
-        steps.append(_Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
+        steps.append(Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
                            frozenset(storage(u, phase) for u in s.inputs[v])))
     return steps, len(fwd), nbytes, storage
 
 
-def _kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
-    """One step per Inductor kernel of the forward and of the backward (``remat.fusion``)."""
-    rules = s.fusion
-    pre = set(s.graph_input)
-    kind, ops = s.kind, s.ops or (1,) * s.n
-    steps: list[_Step] = []
-    nbytes: dict[_Key, int] = {}
-    bwd_given = saved | pre | set(s.tangent)
-    bwd_side = set(bwd) | set(s.tangent)
-    alias: list[dict[int, int]] = [{}, {}]  # per phase: node -> the storage it lives in
-
-    def storage(u: int, phase: int) -> _Key:
-        r = s.root[u]
-        if phase and r in bwd_side:
-            return (alias[1].get(r, r), 1)
-        return (alias[0].get(r, r), 0)
-
-    fwd = early_order(s, fwd, _ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
-    graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
-    boundary = 0
-    for phase, nodes, given, outputs in graphs:
-        lowered = lower(nodes, s.inputs, kind, ops, s.heavy, given, outputs, rules)
-
-        def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
-            if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
-                return storage(u, 1 if u in s.tangent else 0)
-            return (u, phase)
-
-        storage_outputs = {s.root[v] for v in outputs}  # a gradient may be a view (permute of mm)
-        ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
-                                   rules, s.block)
-        if phase == 1:
-            boundary = len(steps)
-            for t in sorted(s.tangent):
-                nbytes[(t, 1)] = s.nbytes[t]
-                steps.append(_Step(f"backward:{s.names[t] if s.names else t}", ((t, 1),), frozenset()))
-        where = "forward" if phase == 0 else "backward"
-        for k in ks:
-            for a in k.allocs:
-                if a not in pre:
-                    nbytes[key(a)] = s.nbytes[a]
-            steps.append(_Step(f"{where}:{s.names[k.node] if s.names else k.node}",
-                               tuple(key(a) for a in k.allocs if a not in pre),
-                               frozenset(key(u) for u in k.reads if u not in pre),
-                               (sum(s.workspace[v] for v in k.nodes) if s.workspace else 0) + k.held))
-    return steps, boundary, nbytes, storage
-
-
-def early_order(s: Schedule, nodes: list[int], main: set[int]) -> list[int]:
-    """``nodes`` (in graph order) with every node outside ``main`` moved to just after its last
-    input: Inductor fuses a value only the backward needs (a saved layer-norm statistic, a
-    derivative the forward precomputes) into the kernel of the values it reads."""
-    order = [v for v in nodes if v in main]
-    pos = {v: i for i, v in enumerate(order)}
-    after: dict[int, list[int]] = {}
-    for v in nodes:
-        if v in main:
-            continue
-        anchor = max((u for u in s.inputs[v] if u in pos), key=pos.__getitem__, default=None)
-        after.setdefault(anchor, []).append(v)
-        pos[v] = pos[anchor] if anchor is not None else -1
-    out = list(after.get(None, []))
-    stack: list[int] = []
-    for v in order:
-        out.append(v)
-        stack = [v]
-        while stack:
-            w = stack.pop()
-            for x in after.get(w, []):
-                out.append(x)
-                stack.append(x)
-    return out
-
-
-def _replay(steps: list[_Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
+def _replay(steps: list[Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
             pin_boundary: set[_Key]) -> PeakResult:
     """Live bytes step by step: a storage is allocated by its step and freed after its last
     read (pinned ones live to the end, or at least to the boundary)."""

@@ -4,66 +4,115 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from .units import format_bytes, format_scaled
 
 if TYPE_CHECKING:
     from .report.totals import Totals
 
-__all__ = ["SavedTensor", "PlanNode", "Plan", "Frontier", "format_bytes", "format_scaled"]
+__all__ = ["Role", "Status", "ValueInfo", "NodeFacts", "SavedTensor", "PlanNode", "Plan", "Frontier",
+           "format_bytes", "format_scaled"]
 
 
-def format_scaled(n: int, units: tuple[tuple[str, int], ...], base: str) -> str:
-    """``n`` in the largest unit of ``units`` (name, scale; largest first) it reaches."""
-    for unit, scale in units:
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} {base}"
+class _Name(str, Enum):
+    """A string enum whose members print, format, hash and compare as their value."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    __format__ = str.__format__
 
 
-def format_bytes(n: int) -> str:
-    """``1.50 GiB``, ``12 B``."""
-    return format_scaled(n, (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)), "B")
+class Role(_Name):
+    """What a value of the joint graph is, before any plan."""
+
+    INPUT = "input"
+    """A caller's input (``primals_*`` that is not a parameter)."""
+    PARAMETER = "parameter"
+    """A parameter or buffer: lives anyway, free to save."""
+    FORWARD = "forward"
+    """Computed by the forward (a forward output depends on it)."""
+    BACKWARD_ONLY = "backward-only"
+    """Computable from forward values, needed only by the backward."""
+
+
+class Status(_Name):
+    """What a plan does with a node of the joint graph (``PlanNode.status``)."""
+
+    SAVED = "saved"
+    RECOMPUTED = "recomputed"
+    """A forward op the backward computes again."""
+    FORWARD = "forward"
+    """Computed in the forward only."""
+    BACKWARD = "backward"
+    """Part of the backward."""
+    BACKWARD_ONLY = "backward-only"
+    """Computed from saved values for the backward, never in the forward."""
+    INPUT = "input"
+    PARAMETER = "parameter"
+    TANGENT = "tangent"
 
 
 @dataclass(frozen=True, slots=True)
-class SavedTensor:
-    """One value kept alive from the forward to the backward."""
+class ValueInfo:
+    """What every report says of one value of the joint graph: the fields ``NodeFacts``,
+    ``SavedTensor`` and ``PlanNode`` share (each adds its own, keyword-only)."""
 
     name: str
     """fx node name in the joint graph."""
     op: str
-    """The op that produced it (``aten.mm.default``) or ``input``/``parameter``."""
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    """Bytes this save keeps alive (0 for parameters and buffers, which live anyway)."""
-    reason: str
-    """Why it is saved: ``min-cut boundary`` or the rule that forbids recomputing it."""
-    source: str = ""
-    """``file:line`` of the user code that produced it, when known."""
-    module: str = ""
-    """Module path in the user's model, when known."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanNode:
-    """One node of the joint graph as the plan sees it (for reports and ``Plan.explain``)."""
-
-    name: str
-    op: str
-    """Overload name (``aten.mm.default``), ``getitem``, or ``input``/``parameter``/``tangent``."""
-    status: str
-    """``saved``, ``recomputed`` (a forward op the backward computes again), ``forward`` (computed
-    in the forward only), ``backward`` (part of the backward), ``backward-only`` (computed from
-    saved values for the backward, never in the forward), ``input``, ``parameter``, ``tangent``."""
-    reason: str
-    """The rule that constrained this node (``matmul``, ``user rule `x` ``...) or ``""``."""
-    inputs: tuple[str, ...]
+    """The op that produced it (``aten.mm.default``), ``getitem``, or a role such as ``input``."""
     shape: tuple[int, ...] = ()
     dtype: str = ""
     nbytes: int = 0
+    """Bytes of storage it keeps alive (0 for parameters and buffers, which live anyway)."""
     module: str = ""
+    """Module path in the user's model, when known."""
     source: str = ""
+    """``file:line`` of the user code that produced it, when known."""
+
+    def info(self) -> ValueInfo:
+        """Just the shared fields."""
+        return ValueInfo(self.name, self.op, self.shape, self.dtype, self.nbytes, self.module, self.source)
+
+
+def _shared(v: ValueInfo) -> dict[str, Any]:
+    return {f: getattr(v, f) for f in ValueInfo.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts(ValueInfo):
+    """One value of the joint graph as graph analysis sees it (``remat.graph``)."""
+
+    role: Role = field(default=Role.FORWARD, kw_only=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor(ValueInfo):
+    """One value kept alive from the forward to the backward."""
+
+    reason: str = field(default="", kw_only=True)
+    """Why it is saved: ``min-cut boundary`` or the rule that forbids recomputing it."""
+
+    @classmethod
+    def of(cls, v: ValueInfo, *, reason: str, **changes: Any) -> SavedTensor:
+        return cls(**{**_shared(v), **changes}, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanNode(ValueInfo):
+    """One node of the joint graph as the plan sees it (for reports and ``Plan.explain``)."""
+
+    status: Status = field(default=Status.FORWARD, kw_only=True)
+    reason: str = field(default="", kw_only=True)
+    """The rule that constrained this node (``matmul``, ``user rule `x` ``...) or ``""``."""
+    inputs: tuple[str, ...] = field(default=(), kw_only=True)
+
+    @classmethod
+    def of(cls, v: ValueInfo, *, status: Status, reason: str, inputs: tuple[str, ...], **changes: Any) -> PlanNode:
+        return cls(**{**_shared(v), **changes}, status=status, reason=reason, inputs=inputs)
 
 
 @dataclass(frozen=True)
@@ -120,8 +169,7 @@ class Plan:
             return plans[0]
         saved, rec, ops, notes, nodes = [], [], [], [], []
         for k, p in enumerate(plans):
-            saved += [SavedTensor(f"g{k}.{s.name}", s.op, s.shape, s.dtype, s.nbytes, s.reason,
-                                  s.source, s.module) for s in p.saved]
+            saved += [replace(s, name=f"g{k}.{s.name}") for s in p.saved]
             rec += [f"g{k}.{r}" for r in p.recomputed]
             ops += list(p.recomputed_ops)
             notes += [f"g{k}: {n}" for n in p.notes]

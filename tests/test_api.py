@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import remat
-from remat import workloads
+from benchmarks import workloads
 
 from .conftest import train_step
 
@@ -183,12 +183,12 @@ def test_rule_matching_nothing_warns():
 
 
 def test_fallback_warns_and_strict_raises(monkeypatch):
-    from remat import partition
+    from remat import planner
 
     def boom(*a, **k):
         raise ValueError("synthetic failure")
 
-    monkeypatch.setattr(partition, "solve", boom)
+    monkeypatch.setattr(planner, "solve", boom)
     model, x = workloads.build("mlp")
     with pytest.warns(UserWarning, match="^remat: planning failed"):
         rm = assert_trains(remat.checkpoint(copy.deepcopy(model), backend="eager"), model, x)

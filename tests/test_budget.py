@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import remat
-from remat import compat, workloads
+from benchmarks import workloads
+from remat import compat
 from remat.budget import parse_budget
 from remat.frontier import best_within_bytes, hull
 from remat.solver import ConflictError, Problem

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import remat
-from remat import workloads
+from benchmarks import workloads
 
 from .conftest import assert_same_training
 from .models import ConvBnRelu, InplaceViews, SharedParam

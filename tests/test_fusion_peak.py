@@ -1,4 +1,4 @@
-"""The Inductor materialisation model (``remat.fusion``) and the peak it predicts.
+"""The Inductor materialisation model (``remat.inductor.fusion``) and the peak it predicts.
 
 Pure tests on hand-made schedules first (which values Inductor stores, how long the values an
 inlined expression reads stay alive, in-place writes, kernel groups), then a few measurements:
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import remat
-from remat import fusion, workloads
+from benchmarks import workloads
+from remat.inductor import fusion
+from remat.inductor.kernel_model import KernelModel
 from remat.peak import Schedule, simulate
 
 from .test_budget import measured_peak
@@ -38,14 +40,14 @@ def graph(spec, outputs, dtype=None, heavy=(), rules=fusion.GPU):
         kind=tuple(s[1] for s in spec),
         dtype=tuple(dtype or ["float32"] * len(spec)),
         heavy=frozenset(ids[n] for n in heavy),
-        fusion=rules,
+        model=KernelModel(rules),
     )
 
 
 def lowered(s, rules=None):
     nodes = [v for v in range(s.n) if v not in s.graph_input]
     return fusion.lower(nodes, s.inputs, s.kind, s.ops or (1,) * s.n, s.heavy, s.graph_input,
-                        s.fwd_outputs, rules or s.fusion)
+                        s.fwd_outputs, rules or s.model.rules)
 
 
 def stored(s, rules=None):
@@ -109,7 +111,7 @@ def test_inlined_chain_extends_the_lifetime_of_what_it_reads():
     spec = [("x", "input", (), 0), ("a", "extern", ("x",), 400), ("b", "pointwise", ("a",), 200),
             ("c", "extern", ("x",), 100), ("d", "pointwise", ("b", "c"), 200)]
     s = graph(spec, ["d"])
-    assert simulate(dataclasses.replace(s, fusion=None), set()).peak_bytes == 600  # a + b
+    assert simulate(dataclasses.replace(s, model=None), set()).peak_bytes == 600  # a + b
     assert simulate(s, set()).peak_bytes == 700  # a + c + d
 
 
@@ -119,7 +121,7 @@ def test_low_precision_chain_keeps_its_float32_temporaries_on_chip():
             ("c", "pointwise", ("b",), 200), ("d", "pointwise", ("c",), 100), ("e", "extern", ("d",), 100)]
     dt = ["bfloat16", "bfloat16", "float32", "float32", "bfloat16", "bfloat16"]
     s = graph(spec, ["e"], dtype=dt)
-    assert simulate(dataclasses.replace(s, fusion=None), set()).peak_bytes == 400
+    assert simulate(dataclasses.replace(s, model=None), set()).peak_bytes == 400
     assert simulate(s, set()).peak_bytes == 200
 
 
@@ -130,12 +132,12 @@ def test_pointwise_kernel_writes_in_place_into_a_dying_buffer():
     nodes = [v for v in range(s.n) if v not in s.graph_input]
     ids = {n: i for i, n in enumerate(s.names)}
     _, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                              s.fwd_outputs, s.fusion)
+                              s.fwd_outputs, s.model.rules)
     assert alias[ids["b"]] == ids["a"]  # written in place
     assert alias[ids["e"]] == ids["c"]  # the matmul's output reuses c, freed by the kernel before
     assert simulate(s, set()).peak_bytes == 200  # never three buffers at once
-    assert simulate(dataclasses.replace(s, fusion=dataclasses.replace(s.fusion, inplace=False, reuse=False)),
-                    set()).peak_bytes == 300
+    plain = KernelModel(dataclasses.replace(s.model.rules, inplace=False, reuse=False))
+    assert simulate(dataclasses.replace(s, model=plain), set()).peak_bytes == 300
 
 
 def test_kernel_group_allocates_its_buffers_together():
@@ -146,8 +148,8 @@ def test_kernel_group_allocates_its_buffers_together():
     s = graph(spec, ["e"])
     one_by_one = dataclasses.replace(fusion.GPU, kernel_groups=False, inplace=False, reuse=False)
     grouped = dataclasses.replace(fusion.CPU, inplace=False, reuse=False)
-    assert simulate(dataclasses.replace(s, fusion=one_by_one), set()).peak_bytes == 200
-    assert simulate(dataclasses.replace(s, fusion=grouped), set()).peak_bytes == 300
+    assert simulate(dataclasses.replace(s, model=KernelModel(one_by_one)), set()).peak_bytes == 200
+    assert simulate(dataclasses.replace(s, model=KernelModel(grouped)), set()).peak_bytes == 300
 
 
 def test_cpu_local_buffer_is_not_stored():
@@ -158,7 +160,7 @@ def test_cpu_local_buffer_is_not_stored():
     s = graph(spec, ["e"], heavy=["p"], rules=fusion.CPU)
     nodes = [v for v in range(s.n) if v not in s.graph_input]
     ks, _ = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                           s.fwd_outputs, s.fusion)
+                           s.fwd_outputs, s.model.rules)
     allocated = {s.names[v] for k in ks for v in k.allocs}
     assert "p" in stored(s) and "p" not in allocated
 
@@ -174,7 +176,7 @@ def _row_kernel(cols, rules=fusion.GPU):
     s = dataclasses.replace(graph(spec, ["e"], rules=rules), ops=(1, 1, 40, 1, 1, 1, 1))
     nodes = [v for v in range(s.n) if v not in s.graph_input]
     ks, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                               s.fwd_outputs, s.fusion)
+                               s.fwd_outputs, s.model.rules)
     return s, {s.names[v] for k in ks for v in k.allocs}, {s.names[k]: s.names[v] for k, v in alias.items()}
 
 
@@ -188,8 +190,9 @@ def test_looped_reduction_stores_what_a_later_pass_reads():
     assert "p" in allocated and alias.get("o2") == "p"
     n = s.nbytes[1]
     assert simulate(s, set()).peak_bytes == 4 * n  # a, o1, o2 (in p's buffer), then e
-    no_inplace = dataclasses.replace(s.fusion, inplace_in_kernel=False)
-    assert simulate(dataclasses.replace(s, fusion=no_inplace), set()).peak_bytes == 4 * n + 32  # a, p, o1, o2, r
+    no_inplace = dataclasses.replace(s.model.rules, inplace_in_kernel=False)
+    no_inplace_s = dataclasses.replace(s, model=KernelModel(no_inplace))
+    assert simulate(no_inplace_s, set()).peak_bytes == 4 * n + 32  # a, p, o1, o2, r
     _, allocated, _ = _row_kernel(2048, fusion.CPU)  # C++ keeps a whole row in a local buffer
     assert "p" not in allocated
 
@@ -201,7 +204,7 @@ def test_multi_output_extern_allocates_its_outputs_while_it_runs():
             ("g1", "extern", ("t",), 100), ("g2", "extern", ("t",), 100), ("e", "extern", ("g1", "g2"), 100)]
     s = dataclasses.replace(graph(spec, ["e"]), workspace=(0, 0, 50, 0, 0, 0))
     assert simulate(s, set()).peak_bytes == 350  # a + g1 + g2 + scratch
-    s = dataclasses.replace(s, fusion=None)
+    s = dataclasses.replace(s, model=None)
     assert simulate(s, set()).peak_bytes == 300  # uncompiled: a + g1 + g2 (no scratch modelled)
 
 
@@ -224,7 +227,7 @@ def _mix_order(rows, cols, sibling=True):
     s = graph(spec, ["e"])
     nodes = [v for v in range(s.n) if v not in s.graph_input]
     ks, _ = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                           s.fwd_outputs, s.fusion)
+                           s.fwd_outputs, s.model.rules)
     return s, max(k.held for k in ks)
 
 
@@ -272,7 +275,7 @@ def test_cpu_flash_attention_scratch_matches_the_kernel():
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
 
-    from remat.graph import _cpu_flash_attention_scratch
+    from remat.inductor.lowering import _cpu_flash_attention_scratch
 
     q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
@@ -317,8 +320,8 @@ def test_reuse_within_the_margin_of_inductors_estimate_holds_the_buffer():
             ("q", "extern", ("x",), 8), ("p", "extern", ("q",), 4), ("c", "extern", ("b", "p"), 1000)]
     s = graph(spec, ["c"])
     assert simulate(s, set()).peak_bytes == 2012
-    exact = dataclasses.replace(s.fusion, reuse_margin=0.0)
-    assert simulate(dataclasses.replace(s, fusion=exact), set()).peak_bytes == 2004
+    exact = dataclasses.replace(s.model.rules, reuse_margin=0.0)
+    assert simulate(dataclasses.replace(s, model=KernelModel(exact)), set()).peak_bytes == 2004
 
 
 def test_output_written_in_place_keeps_its_buffer_in_inductors_estimate():
@@ -334,5 +337,5 @@ def test_output_written_in_place_keeps_its_buffer_in_inductors_estimate():
     s = graph(spec, ["f", "v", "n", "c"])
     nodes = [v for v in range(s.n) if v not in s.graph_input]
     _, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                              s.fwd_outputs, dataclasses.replace(s.fusion, reuse_margin=0.0))
+                              s.fwd_outputs, dataclasses.replace(s.model.rules, reuse_margin=0.0))
     assert {s.names[k]: s.names[v] for k, v in alias.items()} == {"v": "s"}

@@ -267,10 +267,11 @@ def joint_graph():
         return make_partition_fn(Options(backend="eager"), lambda plan, frontier: None)(joint, joint_inputs, **kwargs)
 
     from remat import compat
+    from remat.inductor.decompositions import eager_decompositions
 
     backend = compat.aot_autograd(fw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),
                                   bw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),
-                                  partition_fn=grab, decompositions=compat.eager_decompositions())
+                                  partition_fn=grab, decompositions=eager_decompositions())
     torch._dynamo.reset()
     with compat.no_autograd_cache():
         torch.compile(Small(), backend=backend)(torch.randn(4, 8, requires_grad=True)).sum().backward()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import remat
-from remat import workloads
+from benchmarks import workloads
 
 
 def plan_of(name, **kw):

@@ -62,7 +62,7 @@ def test_totals(report_plan):
 
 
 def _node(name, module, status="saved", nbytes=64, reason=""):
-    return PlanNode(name, "aten.mul.Tensor", status, reason, (), (4, 4), "float32", nbytes, module)
+    return PlanNode(name, "aten.mul.Tensor", (4, 4), "float32", nbytes, module, status=status, reason=reason)
 
 
 def test_summary_collapses_identical_blocks():
@@ -71,11 +71,11 @@ def test_summary_collapses_identical_blocks():
         for sub, nbytes in (("attn", 64), ("mlp.fc1", 128)):
             nodes.append(_node(f"s{k}_{sub}", f"layers.{k}.{sub}", nbytes=nbytes))
             saved.append(SavedTensor(f"s{k}_{sub}", "aten.mul.Tensor", (4, 4), "float32", nbytes,
-                                     "min-cut boundary", "", f"layers.{k}.{sub}"))
+                                     f"layers.{k}.{sub}", reason="min-cut boundary"))
         nodes.append(_node(f"r{k}", f"layers.{k}", status="recomputed"))
         rec.append(f"r{k}")
     nodes.append(_node("out", "head", nbytes=8))
-    saved.append(SavedTensor("out", "aten.mul.Tensor", (2,), "float32", 8, "matmul", "", "head"))
+    saved.append(SavedTensor("out", "aten.mul.Tensor", (2,), "float32", 8, "head", reason="matmul"))
     plan = Plan(tuple(saved), tuple(rec), ("aten.mul.Tensor",) * 12, nodes=tuple(nodes))
     rows = report.module_rows(plan)
     assert [(r.module, r.blocks, r.saved, r.saved_bytes, r.recomputed) for r in rows] == [

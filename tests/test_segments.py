@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import remat
-from remat import workloads
+from benchmarks import workloads
 from remat.segments import checkpoint_sets, separators
 
 from .test_budget import measured_peak

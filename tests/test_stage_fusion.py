@@ -6,14 +6,15 @@ import pytest
 import torch
 
 import remat
-from remat import compat, workloads
+from benchmarks import workloads
+from remat.inductor import hooks
 
 
 @pytest.mark.inductor
 @pytest.mark.parametrize("budget", [None, 1.0])
 def test_no_fused_kernel_spans_two_blocks(monkeypatch, budget):
     seen: list[frozenset] = []
-    original = compat._stages
+    original = hooks._stages
 
     def record(node, cache):
         # Every sub-node's own stage, whatever the rule under test computes for the whole.
@@ -21,12 +22,12 @@ def test_no_fused_kernel_spans_two_blocks(monkeypatch, budget):
         for sub in node.get_nodes():
             ir = getattr(sub, "node", None)
             owner = getattr(ir, "origin_node", None) if ir is not None else None
-            if owner is not None and owner.meta.get(compat.STAGE_KEY) is not None:
-                own.add(owner.meta[compat.STAGE_KEY])
+            if owner is not None and owner.meta.get(hooks.STAGE_KEY) is not None:
+                own.add(owner.meta[hooks.STAGE_KEY])
         seen.append(frozenset(own))
         return original(node, cache)
 
-    monkeypatch.setattr(compat, "_stages", record)
+    monkeypatch.setattr(hooks, "_stages", record)
     model, x = workloads.build("pointwise", "small")
     rm = remat.checkpoint(model, backend="inductor", budget=budget)
     out = rm(x)
@@ -53,7 +54,7 @@ def test_block_of_cuts_the_module_path_at_the_first_index():
 def test_cpu_kernels_are_flushed_between_blocks(monkeypatch):
     # The C++ backend emits every kernel between two matmuls as one function whose buffers are
     # all allocated before it runs; pointwise has no matmul, so without the flush between blocks
-    # (compat._cpp_flush_between_stages) its whole backward held every layer's buffers at once
+    # (hooks._cpp_flush_between_stages) its whole backward held every layer's buffers at once
     # (measured 18.1 MiB here, 0.79 of eager's peak). With it, the step measures what the model
     # predicts, about a third of eager's peak.
     from .test_budget import measured_peak

@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import remat
-from remat import workloads
-from remat.graph import DATA_DEPENDENT_OPS, RANDOM_OPS
+from benchmarks import workloads
+from remat.ops import DATA_DEPENDENT_OPS, RANDOM_OPS
 
 from .conftest import assert_same_training, train_step
 from .models import InplaceViews

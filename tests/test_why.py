@@ -60,12 +60,12 @@ def test_unknown_name(report_plan):
 def synthetic(reason, status="saved", op="aten.foo.default"):
     """A two-node plan: ``x`` (a graph input) -> ``v`` (with ``reason``) read by the backward's ``g``."""
     nodes = (
-        PlanNode("x", "input", "input", "graph input", (), (4,), "float32", 16),
-        PlanNode("v", op, status, reason, ("x",), (4,), "float32", 16, "blk"),
-        PlanNode("tangents_1", "tangent", "tangent", "", ()),
-        PlanNode("g", "aten.mul.Tensor", "backward", "", ("tangents_1", "v")),
+        PlanNode("x", "input", (4,), "float32", 16, status="input", reason="graph input"),
+        PlanNode("v", op, (4,), "float32", 16, "blk", status=status, reason=reason, inputs=("x",)),
+        PlanNode("tangents_1", "tangent", status="tangent"),
+        PlanNode("g", "aten.mul.Tensor", status="backward", inputs=("tangents_1", "v")),
     )
-    saved = (SavedTensor("v", op, (4,), "float32", 16, reason, "", "blk"),) if status == "saved" else ()
+    saved = (SavedTensor("v", op, (4,), "float32", 16, "blk", reason=reason),) if status == "saved" else ()
     rec = ("v",) if status == "recomputed" else ()
     return Plan(saved, rec, (op,) * len(rec), nodes=nodes)
 

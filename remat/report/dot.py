@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
 from ..errors import RematError
-from ..plan import Plan, PlanNode, format_bytes
+from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from ..plan import Plan, PlanNode
 
 __all__ = ["to_dot", "render_svg", "have_dot", "FORWARD", "BACKWARD"]
 

@@ -10,13 +10,16 @@ import base64
 import os
 import tempfile
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..plan import Plan, format_bytes
+from ..units import format_bytes
 from .dot import have_dot, render_svg, to_dot
 from .summary import module_rows
 from .svg import draw_svg
 from .totals import format_flops, totals
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 __all__ = ["to_html", "render_html"]
 

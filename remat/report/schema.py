@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..plan import Plan
 from .summary import module_rows
 from .totals import totals
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 __all__ = ["VERSION", "SCHEMA", "to_dict", "to_json"]
 

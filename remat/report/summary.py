@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..plan import Plan, format_bytes
+from ..units import format_bytes
 from .totals import totals
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 __all__ = ["ModuleRow", "module_rows", "render"]
 

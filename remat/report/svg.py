@@ -12,9 +12,13 @@ shape and bytes.
 from __future__ import annotations
 
 from html import escape
+from typing import TYPE_CHECKING
 
-from ..plan import Plan, PlanNode, format_bytes
+from ..units import format_bytes
 from .dot import BACKWARD, FORWARD
+
+if TYPE_CHECKING:
+    from ..plan import Plan, PlanNode
 
 __all__ = ["draw_svg", "layout", "COLORS"]
 

@@ -12,8 +12,12 @@ Definitions (see Note [Bytes if everything were saved]):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..plan import Plan, format_bytes, format_scaled
+from ..units import format_bytes, format_scaled
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 __all__ = ["Totals", "totals", "activation_bytes", "format_flops", "FORWARD_STATUSES"]
 

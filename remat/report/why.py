@@ -9,10 +9,14 @@ node of that op in one line each.
 from __future__ import annotations
 
 import difflib
+from typing import TYPE_CHECKING
 
 from ..errors import RematError
-from ..plan import Plan, PlanNode, SavedTensor, format_bytes
 from ..policy import BUILTIN_RULES
+from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from ..plan import Plan, PlanNode, SavedTensor
 
 __all__ = ["why", "rule_description"]
 

@@ -36,9 +36,9 @@ later one of its size (``reuse``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "Lowered", "lower", "Kernel", "kernels"]
+__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels"]
 
 KINDS = ("input", "view", "pointwise", "reduction", "outer-reduction", "extern", "random")
 """How Inductor lowers an op: ``input`` (a placeholder), ``view`` (aliases its first input),
@@ -148,6 +148,11 @@ GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_spli
 def rules_for(device: str) -> FusionRules:
     """The rules of a device type (``"cpu"``, ``"cuda"``; other GPUs use the CUDA rules)."""
     return CPU if device == "cpu" else GPU
+
+
+def replace_rules(rules: FusionRules, **changes: object) -> FusionRules:
+    """``rules`` with some fields changed (a GPU's own multiprocessor count, say)."""
+    return replace(rules, **changes)
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,7 @@ def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[i
 
 def _one_block(block: Sequence[str | None], nodes: list[int], rules: FusionRules) -> bool:
     """Whether ``nodes`` span at most one block (remat's C++ kernels are flushed between
-    blocks: compat._cpp_flush_between_stages)."""
+    blocks: inductor.hooks._cpp_flush_between_stages)."""
     if not rules.stage_local:
         return True
     return len({block[v] for v in nodes if v < len(block) and block[v] is not None}) <= 1

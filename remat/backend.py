@@ -1,0 +1,58 @@
+"""The backend interface: how a captured graph is lowered, and what the planner and the peak
+simulator need to know about that lowering.
+
+Two backends implement it: ``"eager"`` (``remat.eager``: the partitioned graphs run uncompiled,
+op by op) and ``"inductor"`` (``remat.inductor``: Triton on GPU, C++ on CPU). Everything that
+knows how a backend lowers, fuses and allocates sits behind these four methods; the planner
+(``remat.planner``), graph analysis (``remat.graph``) and the simulator (``remat.peak``) only
+call them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx as fx
+
+__all__ = ["Backend", "backend_for", "BACKENDS"]
+
+BACKENDS = ("inductor", "eager")
+
+
+class Backend(ABC):
+    """One way of running the partitioned forward and backward."""
+
+    name: str
+
+    @abstractmethod
+    def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
+        """Extra fields of ``remat.peak.Schedule`` for the joint graph ``gm`` (``nodes``: its
+        nodes but the output, in order): the step model the simulator replays
+        (``Schedule.model``) and the per-node lowering facts that model reads. ``{}``: op by op."""
+
+    @abstractmethod
+    def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
+        """Mark the partitioned modules before they are lowered (Inductor: block tags)."""
+
+    @abstractmethod
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+        """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
+        (``remat.partition``), and the two halves are compiled or run as this backend does."""
+
+    def __repr__(self) -> str:
+        return f"<remat backend {self.name!r}>"
+
+
+def backend_for(name: str) -> Backend:
+    """The backend named ``name`` (validated by ``remat.options.Options``)."""
+    if name == "eager":
+        from .eager import EagerBackend
+
+        return EagerBackend()
+    if name == "inductor":
+        from .inductor import InductorBackend
+
+        return InductorBackend()
+    raise ValueError(f"remat: unknown backend {name!r}; expected one of {BACKENDS} (please report)")

@@ -1,0 +1,206 @@
+"""Inductor hooks: how remat hands its partition to Inductor and steers Inductor's fusion.
+
+Every patch here names the torch versions it was checked on (``remat.inductor.versions``); one
+that cannot install warns (Note [Version drift]) instead of silently doing nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.fx as fx
+from torch._inductor import config as inductor_config  # 2.11, 2.13
+
+from .. import compat
+from ..graph import block_of
+from .versions import drift, drift_error
+
+__all__ = ["compile_fx", "inductor_partitioner", "stage_local_fusion", "STAGE_KEY", "tag_stages"]
+
+# Note [Recompute precision]
+# A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
+# (it keeps the fp32 value), but a value the forward saves is stored rounded. A backward that
+# recomputes the chain in another fusion then sees other bits than the forward's, and remat's
+# gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
+# (2.11, 2.13) keeps every cast that eager autocast performs, so a recomputed value equals the
+# forward's bit for bit (tests/test_training_conditions.py checks it against a plan that
+# recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
+    """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
+    ``inner_compile`` argument (``compile_fx_inner``): 2.11, 2.13. Its ``config_patches`` and
+    ``inner_compile`` also apply to the backward, which AOTAutograd compiles later, at the first
+    backward call. Low-precision casts are kept: see Note [Recompute precision]. Each graph is
+    compiled with stage-local fusion (``stage_local_fusion``) and without Inductor's FX graph
+    cache, whose key sees neither node meta nor the fusion choices."""
+    from torch._inductor.compile_fx import compile_fx as _compile_fx
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        with stage_local_fusion():
+            return compile_fx_inner(*args, **kwargs)
+
+    patches: dict[str, Any] = {"fx_graph_cache": False}
+    if hasattr(inductor_config, "emulate_precision_casts"):
+        patches["emulate_precision_casts"] = True
+    else:
+        drift("recompute precision", "torch._inductor.config.emulate_precision_casts")
+    return _compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
+
+
+@contextlib.contextmanager
+def inductor_partitioner(partition_fn: Callable[..., Any]) -> Iterator[None]:
+    """Make Inductor partition joint graphs with ``partition_fn`` inside this context.
+
+    torch 2.13 has ``torch._inductor.config.custom_partitioner_fn``; torch 2.11 does not. Both
+    versions' ``compile_fx`` call the module-level name ``min_cut_rematerialization_partition``
+    when no custom partitioner is set, so that name is rebound here: one code path for both
+    versions. (``custom_partitioner_fn`` would also enter Inductor's cache key, which cannot
+    pickle a closure.) The AOTAutograd cache is turned off inside the context: its key does not include
+    the partitioner, so it could return a graph partitioned by the default partitioner."""
+    import torch._inductor.compile_fx as cfx
+
+    stack = contextlib.ExitStack()
+    with stack:
+        stack.enter_context(compat.no_autograd_cache())
+        if hasattr(inductor_config, "fx_graph_remote_cache"):
+            stack.enter_context(inductor_config.patch(fx_graph_remote_cache=False))
+        if not hasattr(cfx, "min_cut_rematerialization_partition"):
+            # Without the name, Inductor would partition with its own partitioner and remat's
+            # plan would be silently ignored: that is an error, not a drift.
+            raise drift_error("inductor_partitioner", "torch._inductor.compile_fx.min_cut_rematerialization_partition")
+        original = cfx.min_cut_rematerialization_partition
+        cfx.min_cut_rematerialization_partition = partition_fn
+        try:
+            yield
+        finally:
+            cfx.min_cut_rematerialization_partition = original
+
+
+STAGE_KEY = "remat_stage"
+"""fx node meta key: the block (``layers.3``) a forward or backward op belongs to; see
+``stage_local_fusion``."""
+
+
+def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
+    hit = cache.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = set()
+    for sub in node.get_nodes():
+        ir = getattr(sub, "node", None)
+        if ir is None:
+            continue
+        # The fx node whose lowering made this buffer: an inlined expression's origins span
+        # every op folded into it, often several blocks. ``ir.Buffer.origin_node``: 2.11, 2.13.
+        owner = getattr(ir, "origin_node", None)
+        for origin in ([owner] if owner is not None else ir.get_origins()):
+            stage = origin.meta.get(STAGE_KEY)
+            if stage is not None:
+                out.add(stage)
+    result = frozenset(out)
+    cache[id(node)] = (node, result)
+    return result
+
+
+@contextlib.contextmanager
+def stage_local_fusion() -> Iterator[None]:
+    """Inside this context Inductor fuses two kernels only if their ops share a block (fx
+    ``meta[STAGE_KEY]``) or one of them has none. See Note [Stage-local fusion]
+    below. Uses ``torch._inductor.virtualized.V.set_choices_handler`` and
+    ``InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score)``, a documented
+    extension point for fusion heuristics: checked on 2.11, 2.13. The current handler (the
+    user's, if they set one) keeps deciding every other fusion."""
+    from torch._inductor.virtualized import V
+
+    if not hasattr(V, "set_choices_handler"):  # pragma: no cover - older or newer torch
+        drift("stage_local_fusion", "torch._inductor.virtualized.V.set_choices_handler")
+        yield
+        return
+    inner = V.choices
+    cache: dict[int, tuple[Any, frozenset]] = {}
+    base_can_fuse = inner.can_fuse
+
+    class StageLocal(type(inner)):  # type: ignore[misc]
+        def can_fuse(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+            a, b = _stages(node1, cache), _stages(node2, cache)
+            if a and b and a.isdisjoint(b):
+                return False
+            return base_can_fuse(scheduler, node1, node2, shared_data_score)
+
+    handler = StageLocal.__new__(StageLocal)
+    handler.__dict__.update(getattr(inner, "__dict__", {}))
+    with V.set_choices_handler(handler), _cpp_flush_between_stages(cache):
+        yield
+
+
+@contextlib.contextmanager
+def _cpp_flush_between_stages(cache: dict[int, tuple[Any, frozenset]]) -> Iterator[None]:
+    """The C++ backend emits every kernel between two extern kernels as one function, and the
+    wrapper allocates all their buffers before calling it (``CppScheduling.codegen_node`` adds
+    to ``kernel_group``; ``Scheduler.flush`` emits it and frees what it no longer needs): a
+    pointwise model with no matmul runs its whole backward as one call holding every layer's
+    buffers. Asking for a flush after a kernel whose successor belongs to another block emits
+    one function per block, so a block's buffers are freed before the next block runs. Patches
+    ``torch._inductor.codegen.cpp.CppScheduling.codegen_node`` for the duration and uses its
+    ``_set_flush_status`` (which the scheduler's ``ready_to_flush`` check reads after each node)
+    and ``Scheduler.nodes`` / ``current_node``: present on 2.11 and 2.13 (the patch installs on
+    both); its effect was measured on 2.13's CPU backend (tests/test_stage_fusion.py)."""
+    try:
+        from torch._inductor.codegen.cpp import CppScheduling
+        from torch._inductor.virtualized import V
+    except ImportError:  # pragma: no cover - a build without the C++ backend
+        drift("cpp_flush_between_stages", "torch._inductor.codegen.cpp.CppScheduling")
+        yield
+        return
+    if not hasattr(CppScheduling, "_set_flush_status"):  # pragma: no cover
+        drift("cpp_flush_between_stages", "CppScheduling._set_flush_status")
+        yield
+        return
+    original = CppScheduling.codegen_node
+
+    positions: dict[int, tuple[Any, dict[int, int]]] = {}
+
+    def codegen_node(self: Any, node: Any) -> Any:
+        result = original(self, node)
+        sched = V.graph.scheduler
+        nodes = getattr(sched, "nodes", None) or []
+        hit = positions.get(id(sched))
+        if hit is None or hit[0] is not nodes or len(hit[1]) != len(nodes):
+            hit = positions[id(sched)] = (nodes, {id(n): k for k, n in enumerate(nodes)})
+        k = hit[1].get(id(getattr(sched, "current_node", None)))
+        if k is not None and k + 1 < len(nodes):
+            new, old = _stages(nodes[k + 1], cache), _stages(node, cache)
+            if new and old and new.isdisjoint(old):
+                self._set_flush_status(True)  # the scheduler flushes after this node
+        return result
+
+    CppScheduling.codegen_node = codegen_node
+    try:
+        yield
+    finally:
+        CppScheduling.codegen_node = original
+
+
+
+
+def tag_stages(*modules: fx.GraphModule) -> None:
+    """Mark every op with its block (``graph.block_of``) for Inductor's fusion.
+
+    Note [Stage-local fusion]: remat predicts the peak of the backward it orders (each block's
+    recompute and gradients just before they are needed; ``remat.peak``). Inductor may fuse
+    kernels across the whole graph: when every op is row-local (the pointwise workload),
+    it fused all eight layers' input-gradient chain into one kernel that writes every layer's
+    per-row buffers at once for the column sums that follow, so all of them were alive
+    together (measured: CPU 21.6 MiB for a plan predicted at 10.0; H200 6017 MiB for 3073).
+    With the tags, ``stage_local_fusion`` lets Inductor fuse only kernels of the same
+    block (or with ops outside any block), so blocks run in remat's order."""
+    for gm in modules:
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                stage = block_of(n)
+                if stage is not None:
+                    n.meta[STAGE_KEY] = stage

@@ -1,0 +1,161 @@
+"""What Inductor does with each op of a joint graph, as facts the peak model reads
+(``remat.inductor.fusion``): how it lowers the op (pointwise, reduction, extern kernel, ...),
+how many ops it adds to an inlined expression, the scratch an extern kernel holds, and which
+ops its CPU backend counts as expensive to repeat. Checked on torch 2.11 and 2.13."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .. import cost
+from ..compat import OpOverload
+from ..graph import block_of, flags, tensor_inputs, view_root
+from ..ops import CAST_OPS, op_name, packet
+
+__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "schedule_fields"]
+
+
+def inductor_runs_extern(op: OpOverload) -> bool:
+    """Whether Inductor runs ``op`` as an extern kernel (a library call or an eager fallback that
+    writes a new buffer and reads realized inputs) rather than generating code for it: ops in
+    ``torch._inductor.lowering.needs_realized_inputs`` or ``fallbacks``, or with no lowering at
+    all (implicit fallback). Checked on 2.11 and 2.13; a table that moved warns once
+    (Note [Version drift])."""
+    from torch._inductor import lowering
+
+    from .versions import drift
+
+    for name in ("needs_realized_inputs", "fallbacks", "lowerings"):
+        if not hasattr(lowering, name):
+            drift("lowering facts", f"torch._inductor.lowering.{name}")
+    if op in getattr(lowering, "needs_realized_inputs", ()) or op in getattr(lowering, "fallbacks", ()):
+        return True
+    table = getattr(lowering, "lowerings", None)
+    return table is not None and op not in table and op.overloadpacket not in table
+
+
+HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+"""Ops whose presence makes Inductor's CPU backend store a reused value rather than repeat it
+(``StorageBox.should_realize_on_reuse``; 2.11, 2.13)."""
+
+
+def lowering_kind(node: fx.Node, extern: bool) -> str:
+    """How Inductor lowers ``node`` (``remat.inductor.fusion.KINDS``). ``extern``: whether Inductor runs
+    this op as an extern kernel (``runs_extern``)."""
+    if node.op != "call_function":
+        return "input"
+    if view_root(node) is not node:
+        return "view"
+    op = op_name(node)
+    target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
+    f = flags(target, op_name(target))
+    if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
+                               "is_mutating")) or extern:
+        return "extern"
+    if f.get("is_random"):
+        return "random"
+    if "reduction_ratio" in f:
+        return "reduction" if _reduces_last_dims(target) else "outer-reduction"
+    return "pointwise"
+
+
+def _reduces_last_dims(node: fx.Node) -> bool:
+    """Whether a reduction reduces its input's trailing dimensions (a row of a matrix, as a
+    layer norm does), rather than leading ones (a bias gradient summing over the batch)."""
+    ins = tensor_inputs(node)
+    ndim = len(cost.shape(ins[0].meta.get("val"))) if ins else 0
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)) or not dims or not ndim:
+        return True
+    got = sorted(d % ndim for d in dims if isinstance(d, int))
+    return got == list(range(ndim - len(got), ndim))
+
+
+def _workspace(node: fx.Node) -> int:
+    """Scratch bytes an extern kernel holds while it runs. CPU flash attention: per-thread
+    blocks (``_cpu_flash_attention_scratch``). Other attention backward kernels accumulate the
+    query gradient in float32 (FlashAttention's ``dq_accum``): 4 bytes per element of it."""
+    op = op_name(node)
+    if op.startswith("aten._scaled_dot_product_flash_attention_for_cpu"):
+        return _cpu_flash_attention_scratch(node, backward=op.endswith("_backward.default"))
+    if not (op.startswith("aten.") and "attention" in op and "backward" in op):
+        return 0
+    val = node.meta.get("val")
+    first = val[0] if isinstance(val, (tuple, list)) and val else val
+    return 4 * cost.numel(first) if isinstance(first, torch.Tensor) else 0
+
+
+def _cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
+    """ATen's CPU flash attention (``native/cpu/FlashAttentionKernel.cpp``) splits queries into
+    blocks of 32, 64 or 256 rows (sequences under 192, under 768, longer) and keys into blocks
+    of 512, and gives each thread float32 buffers: the forward a score block, its row max and
+    sum and an output block; the backward a score block and its gradient (plus a row sum), and
+    bf16/fp16 copies of the score blocks for low-precision inputs; the backward also copies an
+    output gradient that is not contiguous in its layout. Checked against the profiler on torch
+    2.13 (tests/test_fusion_peak.py)."""
+    ins = [a.meta.get("val") for a in node.args[:4] if isinstance(a, fx.Node)]
+    query = ins[1] if backward and len(ins) > 1 else (ins[0] if ins else None)
+    key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4:
+        return 0
+    q_len, head, kv_len = cost.shape(query)[2], cost.shape(query)[3], cost.shape(key)[2]
+    q_split = min(256 if q_len >= 768 else 64 if q_len >= 192 else 32, q_len)
+    kv_split = min(512, kv_len)
+    low = query.dtype in (torch.bfloat16, torch.float16)
+    accum = 8 if query.dtype == torch.float64 else 4
+    if backward:
+        per_thread = 2 * q_split * kv_split * accum + q_split * accum + (2 * q_split * kv_split * 2 if low else 0)
+        grad_out = ins[0]
+        copy = 0  # the kernel makes grad_out contiguous in (batch, sequence, head, dim) order
+        if isinstance(grad_out, torch.Tensor) and not grad_out.transpose(1, 2).is_contiguous():
+            copy = cost.nbytes(grad_out)
+        return torch.get_num_threads() * per_thread + copy
+    per_thread = (q_split * kv_split + 2 * q_split + q_split * head) * accum + (q_split * kv_split * 2 if low else 0)
+    return torch.get_num_threads() * per_thread
+
+
+def _runs_extern(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    t = node.target
+    if t is operator.getitem and isinstance(node.args[0], fx.Node):
+        t = node.args[0].target
+    return isinstance(t, OpOverload) and inductor_runs_extern(t)
+
+
+LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
+
+
+def _own_ops(node: fx.Node) -> int:
+    """Ops a pointwise node adds to an inlined Inductor expression: itself and its scalar
+    constants; Inductor computes low-precision values in float32, so a bf16/fp16 result adds a
+    cast down and back (2) and each low-precision operand a cast up (2, with its precision-emulation
+    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (2.13)."""
+    if node.op != "call_function":
+        return 0
+    low = {a for a in tensor_inputs(node) if a.meta["val"].dtype in LOW_PRECISION}
+    val = node.meta.get("val")
+    out_low = isinstance(val, torch.Tensor) and val.dtype in LOW_PRECISION
+    if op_name(node) in CAST_OPS:
+        return 3 if out_low else 1
+    scalars = [a for a in node.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    return 1 + len(scalars) + (2 if out_low else 0) + 2 * len(low)
+
+
+
+def schedule_fields(nodes: list[fx.Node]) -> dict[str, Any]:
+    """The per-node lowering facts of ``remat.peak.Schedule`` for a graph lowered by Inductor."""
+    return dict(
+        kind=tuple(lowering_kind(n, _runs_extern(n)) for n in nodes),
+        ops=tuple(_own_ops(n) for n in nodes),
+        dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes),
+        workspace=tuple(_workspace(n) for n in nodes),
+        block=tuple(block_of(n) if n.op == "call_function" else None for n in nodes),
+        heavy=frozenset(i for i, n in enumerate(nodes) if packet(op_name(n)).split(".")[-1] in HEAVY_OPS),
+    )

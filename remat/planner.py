@@ -1,0 +1,273 @@
+"""Planning: from one joint graph to the Plan it runs with.
+
+``plan_joint_graph`` analyses the graph (``remat.graph``), applies the policy (``remat.policy``),
+solves the min-cut (``remat.solver``) and builds the ``Plan``. With a budget, or when the
+frontier is asked for, it also builds the candidate plans (the default plan, the vertices of the
+memory/recompute hull, ``remat.frontier``, and checkpoint-segment plans, ``remat.segments``),
+each with its predicted peak (``remat.peak``, through the backend's step model), and chooses the
+fastest candidate whose predicted peak fits (``choose``). The candidate set does not depend on
+the budget, so a smaller budget never gives a larger peak or a shorter recompute time.
+
+This stage never touches the fx split: ``remat.partition`` applies the plan to the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from .backend import backend_for
+from .cse import cse
+from .errors import InfeasibleBudgetError, PlanningError
+from .frontier import bytes_first_weight, hull
+from .graph import JointGraph, analyze
+from .options import Options
+from .peak import floor_bytes, simulate
+from .plan import Plan, PlanNode, Role, SavedTensor, Status
+from .policy import Decision, decide
+from .reach import reachable
+from .segments import checkpoint_sets, separators
+from .solver import ConflictError, describe, solve, solve_weighted
+from .units import format_bytes
+
+__all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "COST_RULES",
+           "CHECKPOINT"]
+
+log = logging.getLogger("remat")
+
+
+def _decisions(jg: JointGraph, options: Options) -> tuple[dict[int, str], dict[int, str], dict[int, str]]:
+    """(no_recompute, no_save, reasons) per value index."""
+    no_recompute: dict[int, str] = {}
+    no_save: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    used: set[str] = set()
+    for i, (node, op, facts) in enumerate(zip(jg.nodes, jg.ops, jg.facts)):
+        if facts.role in (Role.INPUT, Role.PARAMETER):
+            no_recompute[i] = "parameter" if facts.role is Role.PARAMETER else "graph input"
+            reasons[i] = no_recompute[i]
+            continue
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            no_save[i] = "multi-output op (its outputs are saved one by one)"
+        decision, reason = decide(op, options.policy, used)
+        if decision is Decision.MUST_SAVE:
+            no_recompute[i] = reason
+        elif decision is Decision.MUST_RECOMPUTE:
+            no_save.setdefault(i, reason)
+        if reason:
+            reasons[i] = reason
+    for rule in options.policy:
+        if rule.name not in used:
+            warnings.warn(f"remat: policy rule `{rule.name}` matched no op in this graph; "
+                          "check its ops=/modules= patterns.", stacklevel=2)
+    return no_recompute, no_save, reasons
+
+
+COST_RULES = frozenset({"matmul", "attention", "reduction", "normalization boundary"})
+"""Built-in rules that forbid recompute because it is slow, not because it is unsafe: under a
+budget they give way to the estimated recompute cost."""
+
+
+CHECKPOINT = "checkpoint (segment boundary)"
+
+
+@dataclass(frozen=True)
+class EagerBaseline:
+    """Per-graph numbers every plan is compared with: eager autograd's saved bytes and
+    predicted peak, and the floor no plan's predicted peak goes under (``peak.floor_bytes``)."""
+
+    saved_bytes: int
+    peak_bytes: int
+    floor_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One plan the budget may choose: the saved value indices, the values the backward computes
+    from them, the Plan, and where it came from (``default``, ``hull`` or ``segments``)."""
+
+    saved: tuple[int, ...]
+    recomputed: tuple[int, ...]
+    plan: Plan
+    origin: str
+
+    @property
+    def peak(self) -> int:
+        return self.plan.predicted_peak_bytes
+
+    @property
+    def time(self) -> float:
+        return self.plan.recompute_seconds
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.plan.saved_bytes
+
+
+def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0) -> Candidate:
+    """The fastest candidate whose predicted peak fits; raises InfeasibleBudgetError if none,
+    saying whether any plan at all could fit (``floor``: ``remat.peak.floor_bytes``)."""
+    fitting = [c for c in candidates if c.peak <= budget_bytes]
+    if not fitting:
+        best = min(c.peak for c in candidates)
+        if floor and budget_bytes < floor:
+            why = (f"no plan can fit it: the gradients, outputs and output gradients, with the "
+                   f"operands of the backward's largest op, need {format_bytes(floor)} whatever is "
+                   "saved or recomputed")
+        else:
+            why = (f"the backward's own working set keeps remat's plans (each value recomputed at "
+                   f"most once) above that; no plan of any kind goes under {format_bytes(floor)}"
+                   if floor else "")
+        raise InfeasibleBudgetError(
+            f"remat: no plan fits a peak of {format_bytes(budget_bytes)}: the smallest predicted "
+            f"peak for this graph is {format_bytes(best)} (eager autograd's: "
+            f"{format_bytes(eager_peak)}){'; ' + why if why else ''}. Raise the budget to at least "
+            f"{format_bytes(best)}, or use remat.pareto(model, *inputs) to see every trade-off."
+        )
+    return min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))
+
+
+@dataclass
+class Planned:
+    jg: JointGraph
+    saved_ids: list[int]
+    plan: Plan
+    frontier: tuple[Plan, ...] | None = None
+
+
+def plan_joint_graph(
+    gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
+    want_frontier: bool = False,
+) -> Planned:
+    """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
+    (or ``want_frontier``) the memory/recompute frontier is computed too."""
+    gm.graph.eliminate_dead_code()
+    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)  # op by op
+    eager = EagerBaseline(
+        saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
+        peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
+    )
+    cse(gm)
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model, backend_for(options.backend))
+    eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
+    no_recompute, no_save, reasons = _decisions(jg, options)
+    problem = jg.problem(no_recompute, no_save)
+    try:
+        sol = solve(problem)
+    except ConflictError as e:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("remat: the cut failed; its flow network:\n%s", describe(problem, e.chain))
+        steps = "; ".join(f"{jg.facts[v].name} ({jg.facts[v].op or 'input'}, "
+                          f"module '{jg.facts[v].module}') {why}" for v, why in e.chain)
+        raise PlanningError(
+            "remat: no valid plan: a value the backward needs can be neither saved nor "
+            f"recomputed: {steps}. Remove or narrow the rule that forbids saving it."
+        ) from None
+    plan = build_plan(jg, sol.saved, sol.recomputed, no_recompute, reasons, eager)
+    if options.budget is None and not want_frontier:
+        return Planned(jg, list(sol.saved), plan)
+
+    relaxed_nr = {i: r for i, r in no_recompute.items() if r not in COST_RULES}
+    relaxed = jg.problem(relaxed_nr, no_save, recompute_cost=jg.recompute_seconds)
+    candidates = [Candidate(sol.saved, sol.recomputed, plan, "default")]
+    for v in hull(relaxed):
+        if all(v.saved != c.saved for c in candidates):
+            candidates.append(Candidate(v.saved, v.recomputed,
+                                        build_plan(jg, v.saved, v.recomputed, relaxed_nr, reasons, eager), "hull"))
+    candidates += _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
+    frontier = tuple(sorted((c.plan for c in candidates), key=lambda q: (q.recompute_seconds, q.predicted_peak_bytes)))
+    if options.budget is None:
+        return Planned(jg, list(sol.saved), plan, frontier)
+    limit = options.budget.resolve(eager.peak_bytes)
+    chosen = choose(candidates, limit, eager.peak_bytes, eager.floor_bytes)
+    return Planned(jg, list(chosen.saved), dataclasses.replace(chosen.plan, budget_bytes=limit), frontier)
+
+
+def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int, str], no_save: dict[int, str],
+                   reasons: dict[int, str], eager: EagerBaseline) -> list[Candidate]:
+    """Checkpoint-segment plans (``remat.segments``): for each set of separators, the plan that
+    recomputes through none of them and otherwise saves the fewest bytes (every cost rule
+    relaxed, recompute time breaking ties), i.e. checkpointing with the cut choosing what each
+    segment keeps. Only plans that no other candidate beats on both predicted peak and
+    recompute time are returned."""
+    inputs_ = {i for i, f in enumerate(jg.facts) if f.role is Role.INPUT}
+    readers = jg.readers()
+    act = reachable(inputs_, lambda i: [u for u in readers[i] if u in jg.forward], include_seeds=False)
+    weights = [jg.schedule.nbytes[sid] for sid in jg.sched_ids]
+    seen = {tuple(c.saved) for c in known}
+    found = []
+    for cps in checkpoint_sets(separators(jg.inputs, act), weights, act):
+        nr = {**relaxed_nr, **{c: CHECKPOINT for c in cps if c not in relaxed_nr}}
+        prob = jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds)
+        try:
+            s = solve_weighted(prob, bytes_first_weight(prob))
+        except ConflictError:
+            continue
+        if s.saved not in seen:
+            seen.add(s.saved)
+            found.append((simulate(jg.schedule, jg.to_schedule_ids(s.saved)).peak_bytes, s.time, cps, nr, s))
+    rivals = [(c.plan.predicted_peak_bytes, c.plan.recompute_seconds) for c in known] + [f[:2] for f in found]
+    out = []
+    for peak, t, cps, nr, s in found:
+        if any(pk <= peak and tt <= t and (pk, tt) != (peak, t) for pk, tt in rivals):
+            continue
+        p = build_plan(jg, s.saved, s.recomputed, nr, {**reasons, **nr}, eager)
+        p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in cps))
+        out.append(Candidate(s.saved, s.recomputed, p, "segments"))
+    return out
+
+
+def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
+               no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline) -> Plan:
+    """The Plan for one joint graph saving ``saved_ids``; ``computed_ids`` are the values the
+    backward computes from them (recomputed forward ops and backward-only ops)."""
+    saved_set, computed = set(saved_ids), set(computed_ids)
+    saved = []
+    for i in sorted(saved_set):
+        f = jg.facts[i]
+        reason = reasons[i] if i in no_recompute else "min-cut boundary"
+        saved.append(SavedTensor.of(f, op=f.op or f.role, nbytes=jg.cost[i], reason=reason))
+    recomputed = [i for i in sorted(computed) if i in jg.forward and jg.nodes[i].op == "call_function"]
+    status: dict[int, Status] = {}
+    for i, f in enumerate(jg.facts):
+        if i in saved_set:
+            status[i] = Status.SAVED
+        elif f.role in (Role.INPUT, Role.PARAMETER):
+            status[i] = Status(f.role.value)
+        elif i in computed:
+            status[i] = Status.RECOMPUTED if i in jg.forward else Status.BACKWARD_ONLY
+        else:
+            status[i] = Status.FORWARD if i in jg.forward else Status.BACKWARD_ONLY
+    sched = jg.schedule
+    by_sched = {sid: i for i, sid in enumerate(jg.sched_ids)}
+    nodes = []
+    for sid in range(sched.n):
+        name = sched.names[sid]
+        i = by_sched.get(sid)
+        ins = tuple(sched.names[u] for u in sched.inputs[sid])
+        if i is None:
+            st = Status.TANGENT if sid in sched.tangent else Status.BACKWARD
+            op = str(st) if st is Status.TANGENT else jg.node_ops.get(sid, "")
+            nodes.append(PlanNode(name, op, status=st, reason="", inputs=ins))
+            continue
+        f = jg.facts[i]
+        nodes.append(PlanNode.of(f, op=f.op or f.role, nbytes=jg.cost[i], status=status[i],
+                                 reason=reasons.get(i, ""), inputs=ins))
+    flops = sum(jg.recompute_flops[i] for i in recomputed) if jg.recompute_flops else 0
+    secs = sum(jg.recompute_seconds[i] for i in recomputed) if jg.recompute_seconds else 0.0
+    return Plan(
+        saved=tuple(saved),
+        recomputed=tuple(jg.facts[i].name for i in recomputed),
+        recomputed_ops=tuple(jg.facts[i].op for i in recomputed),
+        eager_saved_bytes=eager.saved_bytes,
+        nodes=tuple(nodes),
+        predicted_peak_bytes=simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes,
+        eager_peak_bytes=eager.peak_bytes,
+        peak_floor_bytes=eager.floor_bytes,
+        recompute_flops=int(flops),
+        recompute_seconds=float(secs),
+    )
