@@ -1,6 +1,6 @@
 """Side-by-side step time and peak activation memory: eager, eager + checkpoint per block,
 torch.compile (default, budget 0.5, + checkpoint per block) and remat, on the reference
-workloads (``remat/workloads.py``), in one process per call.
+workloads (``benchmarks/workloads.py``), in one process per call.
 
     python benchmarks/bench.py --workloads pointwise mlp gpt --size full --out out/
 

@@ -4,7 +4,7 @@
     python benchmarks/peak_check.py                                   # GPU: full sizes, bf16, CUDA
     python benchmarks/peak_check.py --device cpu --size small --dtype float32   # CPU self-check
 
-For each workload (``remat/workloads.py``) it wraps a fresh copy of the model with
+For each workload (``benchmarks/workloads.py``) it wraps a fresh copy of the model with
 ``remat.checkpoint(model, backend=..., budget=b)`` for the default plan (``b=None``) and for
 budgets of 25, 50, 75 and 100% of eager autograd's peak, runs one step to compile it, then
 measures the peak of the step the prediction describes: ``out = f(x); out.backward(g)`` with

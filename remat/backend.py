@@ -2,7 +2,8 @@
 simulator need to know about that lowering.
 
 Two backends implement it: ``"eager"`` (``remat.eager``: the partitioned graphs run uncompiled,
-op by op) and ``"inductor"`` (``remat.inductor``: Triton on GPU, C++ on CPU). Everything that
+op by op) and ``"inductor"`` (``remat.inductor``: Triton on GPU, C++ on CPU);
+``remat.backends.backend_for`` picks one by name. Everything that
 knows how a backend lowers, fuses and allocates sits behind these four methods; the planner
 (``remat.planner``), graph analysis (``remat.graph``) and the simulator (``remat.peak``) only
 call them.
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch.fx as fx
 
-__all__ = ["Backend", "backend_for", "BACKENDS"]
+__all__ = ["Backend", "BACKENDS"]
 
 BACKENDS = ("inductor", "eager")
 
@@ -43,16 +44,3 @@ class Backend(ABC):
 
     def __repr__(self) -> str:
         return f"<remat backend {self.name!r}>"
-
-
-def backend_for(name: str) -> Backend:
-    """The backend named ``name`` (validated by ``remat.options.Options``)."""
-    if name == "eager":
-        from .eager import EagerBackend
-
-        return EagerBackend()
-    if name == "inductor":
-        from .inductor import InductorBackend
-
-        return InductorBackend()
-    raise ValueError(f"remat: unknown backend {name!r}; expected one of {BACKENDS} (please report)")

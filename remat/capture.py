@@ -10,7 +10,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import compat
-from .backend import backend_for
+from .backends import backend_for
 from .options import Options
 from .partition import make_partition_fn
 from .plan import Plan

@@ -1,6 +1,6 @@
 """Op tables: the one place that says which aten ops are matmuls, attention, reductions,
 data-dependent, random or collectives, and how an fx node's op is named. Used by graph analysis
-(``remat.graph``), common-subexpression elimination (``remat.partition.cse``) and Inductor's
+(``remat.graph``), common-subexpression elimination (``remat.cse``) and Inductor's
 lowering facts (``remat.inductor.lowering``)."""
 
 from __future__ import annotations

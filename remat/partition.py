@@ -18,7 +18,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import compat
-from .backend import backend_for
+from .backends import backend_for
 from .errors import RematError
 from .options import Options
 from .peak import lazy_order

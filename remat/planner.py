@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from .backend import backend_for
+from .backends import backend_for
 from .cse import cse
 from .errors import InfeasibleBudgetError, PlanningError
 from .frontier import bytes_first_weight, hull

@@ -96,6 +96,8 @@ def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
             continue
         # The fx node whose lowering made this buffer: an inlined expression's origins span
         # every op folded into it, often several blocks. ``ir.Buffer.origin_node``: 2.11, 2.13.
+        if not hasattr(ir, "origin_node"):
+            drift("stage_local_fusion", f"{type(ir).__name__}.origin_node")
         owner = getattr(ir, "origin_node", None)
         for origin in ([owner] if owner is not None else ir.get_origins()):
             stage = origin.meta.get(STAGE_KEY)
@@ -167,6 +169,8 @@ def _cpp_flush_between_stages(cache: dict[int, tuple[Any, frozenset]]) -> Iterat
     def codegen_node(self: Any, node: Any) -> Any:
         result = original(self, node)
         sched = V.graph.scheduler
+        if not (hasattr(sched, "nodes") and hasattr(sched, "current_node")):
+            drift("cpp_flush_between_stages", "Scheduler.nodes / Scheduler.current_node")
         nodes = getattr(sched, "nodes", None) or []
         hit = positions.get(id(sched))
         if hit is None or hit[0] is not nodes or len(hit[1]) != len(nodes):

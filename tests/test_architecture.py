@@ -1,0 +1,161 @@
+"""The package's shape, checked from its source with ``ast`` (see ARCHITECTURE.md):
+
+* only ``remat/inductor/`` imports ``torch._inductor``;
+* only ``remat/inductor/`` and ``remat/compat.py`` touch any other private torch API (a module
+  path with a ``_``-prefixed part, a ``_``-prefixed name imported from torch, or an attribute
+  chain such as ``torch._dynamo.reset``);
+* the solver core (``solver``, ``frontier``, ``segments``, ``peak``, ``reach``,
+  ``inductor/fusion``, ``inductor/kernel_model``) imports no torch at all;
+* no import cycle inside ``remat/``, lazy imports inside functions included (imports under
+  ``if TYPE_CHECKING:`` are for annotations only and are left out).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "remat"
+INDUCTOR_PACKAGE = "remat.inductor"
+COMPAT = "remat.compat"
+PURE = ("remat.solver", "remat.frontier", "remat.segments", "remat.peak", "remat.reach",
+        "remat.inductor.fusion", "remat.inductor.kernel_model", "remat.units")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_package(name: str) -> bool:
+    return (ROOT.parent / name.replace(".", "/") / "__init__.py").exists()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of statements inside ``if TYPE_CHECKING:`` blocks."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for stmt in node.body:
+                out.update(id(n) for n in ast.walk(stmt))
+    return out
+
+
+def _imports(name: str, tree: ast.AST) -> list[tuple[str, tuple[str, ...]]]:
+    """(imported module, names imported from it) for every runtime import of module ``name``."""
+    skip = _type_checking_nodes(tree)
+    package = name if _is_package(name) else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = tuple(a.name for a in node.names)
+            out.append((mod, names))
+    return out
+
+
+def _modules() -> dict[str, ast.AST]:
+    return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _private(module: str) -> bool:
+    return module.split(".")[0] == "torch" and any(p.startswith("_") for p in module.split(".")[1:])
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+MODULES = _modules()
+
+
+def test_the_scan_sees_the_package():
+    assert {"remat.api", "remat.planner", "remat.partition", "remat.inductor.hooks", "remat.inductor.fusion",
+            "remat.backend", "remat.eager"} <= set(MODULES)
+    hooks = dict(_imports("remat.inductor.hooks", MODULES["remat.inductor.hooks"]))
+    assert "torch._inductor" in hooks  # the scan finds what it is meant to forbid elsewhere
+
+
+def test_only_the_inductor_package_imports_torch_inductor():
+    offenders = sorted(
+        f"{name} imports {mod}"
+        for name, tree in MODULES.items() if not name.startswith(INDUCTOR_PACKAGE)
+        for mod, names in _imports(name, tree)
+        if mod.startswith("torch._inductor") or (mod == "torch" and "_inductor" in names)
+    )
+    assert not offenders, "move these into remat/inductor/: " + "; ".join(offenders)
+
+
+def test_private_torch_apis_live_in_inductor_or_compat():
+    offenders = []
+    for name, tree in MODULES.items():
+        if name.startswith(INDUCTOR_PACKAGE) or name == COMPAT:
+            continue
+        for mod, names in _imports(name, tree):
+            if _private(mod) or (mod.split(".")[0] == "torch" and any(n.startswith("_") for n in names)):
+                offenders.append(f"{name} imports {mod} {names}")
+        for node in ast.walk(tree):
+            dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
+            if dotted and _private(dotted) and not dotted.split(".")[-1].startswith("__"):
+                offenders.append(f"{name} uses {dotted} (line {node.lineno})")
+    assert not offenders, "route these through remat/compat.py or remat/inductor/: " + "; ".join(sorted(set(offenders)))
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_solver_core_is_torch_free(name):
+    mods = [m for m, _ in _imports(name, MODULES[name])]
+    assert not [m for m in mods if m.split(".")[0] in ("torch", "functorch")], mods
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    for name, tree in MODULES.items():
+        g.add_node(name)
+        for mod, names in _imports(name, tree):
+            if not mod.startswith("remat"):
+                continue
+            targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in MODULES] or [mod]
+            for t in targets:
+                if t in MODULES and t != name:
+                    g.add_edge(name, t)
+    return g
+
+
+def test_no_import_cycles():
+    g = _graph()
+    # The package's __init__ files re-export their modules; an edge from a module to its own
+    # package's __init__ would be the only way back, and none exists.
+    cycles = [c for c in nx.simple_cycles(g)]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles[:5])
+
+
+def test_the_cycle_check_can_fail():
+    g = _graph()
+    g.add_edge("remat.solver", "remat.planner")  # planner imports solver: this closes a cycle
+    assert list(nx.simple_cycles(g))
+
+
+def test_planner_and_simulator_reach_inductor_only_through_the_backend_interface():
+    """``remat.planner``, ``remat.graph`` and ``remat.peak`` never import ``remat.inductor``:
+    the backend (``remat.backends.backend_for``) is their only way to Inductor's knowledge."""
+    for name in ("remat.planner", "remat.graph", "remat.peak", "remat.partition"):
+        mods = [m for m, _ in _imports(name, MODULES[name])]
+        assert not [m for m in mods if m.startswith(INDUCTOR_PACKAGE)], (name, mods)
