@@ -220,4 +220,4 @@ def pareto(model: Any, *args: Any, **kwargs: Any) -> Frontier:
             "(graph breaks split the model). Call remat.pareto on a part without graph breaks."
         )
     return Frontier(points=probe.frontiers[0], eager_peak_bytes=probe.plans[0].eager_peak_bytes,
-                    peak_floor_bytes=probe.plans[0].peak_floor_bytes)
+                    peak_floor_bytes=probe.plans[0].peak_floor_bytes, default=probe.plans[0])

@@ -275,20 +275,22 @@ class Plan:
 
 @dataclass(frozen=True)
 class Frontier:
-    """Plans trading memory for recompute time for one graph, sorted from the least recompute
-    to the most: the default plan, every vertex of the lower convex hull of (saved bytes,
-    recompute seconds), and the checkpoint-segment plans (``remat.segments``; ``checkpoints``
-    set) that no other plan beats on both predicted peak and recompute time. A budget chooses
-    among all of them. ``eager_peak_bytes`` is autograd's predicted peak for comparison."""
+    """The plans no other plan beats on both predicted peak and estimated recompute time, for one
+    graph, sorted from the least recompute time to the most (so their peaks fall): drawn from
+    the default plan, every vertex of the lower convex hull of (saved bytes, recompute seconds),
+    and the checkpoint-segment plans (``remat.segments``; ``checkpoints`` set). A budget chooses
+    among all candidates (``remat.planner.choose``). ``default`` is the plan used without a
+    budget, which may itself be dominated; ``eager_peak_bytes`` is autograd's predicted peak."""
 
     points: tuple[Plan, ...]
     eager_peak_bytes: int = 0
     peak_floor_bytes: int = 0
-    """The predicted peak no plan can go under (``Plan.peak_floor_bytes``)."""
+    """No plan of this graph is predicted under it (``Plan.peak_floor_bytes``)."""
+    default: Plan | None = None
 
     @property
     def hull(self) -> tuple[Plan, ...]:
-        """The default plan and the (saved bytes, recompute) hull's vertices."""
+        """The frontier's min-cut plans (the default plan or the hull's vertices)."""
         return tuple(p for p in self.points if not p.checkpoints)
 
     @property
@@ -296,21 +298,41 @@ class Frontier:
         """The checkpoint-segment plans."""
         return tuple(p for p in self.points if p.checkpoints)
 
+    def _is_default(self, p: Plan) -> bool:
+        d = self.default
+        return d is not None and (p is d or ({s.name for s in p.saved} == {s.name for s in d.saved}
+                                             and p.recomputed == d.recomputed))
+
+    def dominating_default(self) -> Plan | None:
+        """The listed plan that beats the default plan on both peak and recompute time, if the
+        default plan is not itself on the frontier."""
+        d = self.default
+        if d is None or any(self._is_default(p) for p in self.points):
+            return None
+        return next((p for p in self.points if p.predicted_peak_bytes <= d.predicted_peak_bytes
+                     and p.recompute_seconds <= d.recompute_seconds), None)
+
     def __str__(self) -> str:
         rows = [("#", "kind", "saved", "predicted peak", "x eager peak", "recompute (est.)", "recomputed ops")]
         for k, p in enumerate(self.points):
             ratio = f"{p.predicted_peak_bytes / self.eager_peak_bytes:.2f}" if self.eager_peak_bytes else "-"
             kind = f"{len(p.checkpoints)} checkpoints" if p.checkpoints else "min-cut"
+            if self._is_default(p):
+                kind += " (default)"
             rows.append((str(k), kind, format_bytes(p.saved_bytes), format_bytes(p.predicted_peak_bytes), ratio,
                          f"{p.recompute_seconds * 1e3:.3f} ms", str(len(p.recomputed))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [f"remat frontier: {len(self.points)} plans (eager autograd's predicted peak: "
-                 f"{format_bytes(self.eager_peak_bytes)}; no plan goes under "
-                 f"{format_bytes(self.peak_floor_bytes)})"]
+        lines = [f"remat frontier: {len(self.points)} plans no other plan beats on both predicted peak and "
+                 f"recompute time (eager autograd's predicted peak: {format_bytes(self.eager_peak_bytes)})"]
         for j, r in enumerate(rows):
             lines.append("  ".join(v.rjust(w) for v, w in zip(r, widths)))
             if j == 0:
                 lines.append("  ".join("-" * w for w in widths))
+        beaten = self.dominating_default()
+        if beaten is not None and self.default is not None:
+            d = self.default
+            lines.append(f"default plan (no budget): predicted peak {format_bytes(d.predicted_peak_bytes)}, recompute "
+                         f"{d.recompute_seconds * 1e3:.3f} ms; plan #{self.points.index(beaten)} beats it on both")
         return "\n".join(lines)
 
     def plot(self, path: str) -> str:
@@ -326,14 +348,19 @@ class Frontier:
 
             raise RematError("remat: Frontier.plot needs matplotlib; pip install matplotlib.") from e
         fig, ax = plt.subplots(figsize=(6, 4))
-        for plans, style, label in ((self.hull, "o-", "min-cut plans"), (self.segments, "s", "checkpoint segments")):
+        ax.plot([p.recompute_seconds * 1e3 for p in self.points],
+                [p.predicted_peak_bytes / 2**20 for p in self.points], "-", color="C0", label="frontier")
+        for plans, style, label in ((self.hull, "o", "min-cut plans"), (self.segments, "s", "checkpoint segments")):
             if plans:
                 ax.plot([p.recompute_seconds * 1e3 for p in plans],
                         [p.predicted_peak_bytes / 2**20 for p in plans], style, label=label)
+        if self.default is not None:
+            ax.plot([self.default.recompute_seconds * 1e3], [self.default.predicted_peak_bytes / 2**20], "*",
+                    color="C3", markersize=12, label="default plan")
         if self.eager_peak_bytes:
             ax.axhline(self.eager_peak_bytes / 2**20, color="gray", ls="--", label="eager autograd")
         ax.set_xlabel("estimated recompute time (ms)")
-        ax.set_ylabel("predicted peak activation memory (MiB)")
+        ax.set_ylabel("predicted peak memory of a step (MiB)")
         ax.legend()
         fig.tight_layout()
         fig.savefig(path)

@@ -34,8 +34,8 @@ from .segments import checkpoint_sets, separators
 from .solver import ConflictError, describe, solve, solve_weighted
 from .units import format_bytes
 
-__all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "COST_RULES",
-           "CHECKPOINT"]
+__all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "non_dominated",
+           "COST_RULES", "CHECKPOINT"]
 
 log = logging.getLogger("remat")
 
@@ -109,19 +109,25 @@ class Candidate:
 
 
 def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0) -> Candidate:
-    """The fastest candidate whose predicted peak fits; raises InfeasibleBudgetError if none,
-    saying whether any plan at all could fit (``floor``: ``remat.peak.floor_bytes``)."""
-    fitting = [c for c in candidates if c.peak <= budget_bytes]
+    """The fastest candidate whose predicted peak fits both the budget and the default plan's
+    predicted peak (``candidates[0]``): a budget never buys speed with memory beyond what the
+    default plan uses, so a large budget gives the default plan or a plan at least as small and
+    estimated faster. Ties go to the lower peak. Raises InfeasibleBudgetError if nothing fits,
+    naming the smallest predicted peak (and ``floor``, ``remat.peak.floor_bytes``, when the budget
+    is below it).
+
+    Monotone: lowering the budget only removes candidates, so the chosen peak never rises and
+    the estimated recompute time never falls."""
+    cap = min(budget_bytes, candidates[0].peak)
+    fitting = [c for c in candidates if c.peak <= cap]
     if not fitting:
         best = min(c.peak for c in candidates)
+        why = ""
         if floor and budget_bytes < floor:
-            why = (f"no plan can fit it: the gradients, outputs and output gradients, with the "
-                   f"operands of the backward's largest op, need {format_bytes(floor)} whatever is "
-                   "saved or recomputed")
-        else:
-            why = (f"the backward's own working set keeps remat's plans (each value recomputed at "
-                   f"most once) above that; no plan of any kind goes under {format_bytes(floor)}"
-                   if floor else "")
+            why = (f"none of remat's plans can fit it: in remat's model of this step the gradients, "
+                   f"outputs and output gradients, with the operands of the backward's largest op, need "
+                   f"{format_bytes(floor)} whatever is saved or recomputed (a differently scheduled "
+                   "backward may need less)")
         raise InfeasibleBudgetError(
             f"remat: no plan fits a peak of {format_bytes(budget_bytes)}: the smallest predicted "
             f"peak for this graph is {format_bytes(best)} (eager autograd's: "
@@ -129,6 +135,18 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
             f"{format_bytes(best)}, or use remat.pareto(model, *inputs) to see every trade-off."
         )
     return min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))
+
+
+def non_dominated(plans: list[Plan]) -> list[Plan]:
+    """The plans no other plan beats on both predicted peak and estimated recompute time (of
+    equal pairs, the first), sorted from the least recompute time to the most: their peaks fall
+    as their times rise."""
+    out: list[Plan] = []
+    for p in sorted(plans, key=lambda q: (q.recompute_seconds, q.predicted_peak_bytes)):
+        if out and out[-1].predicted_peak_bytes <= p.predicted_peak_bytes:
+            continue  # an earlier (no slower) plan is no larger
+        out.append(p)
+    return out
 
 
 @dataclass
@@ -179,7 +197,7 @@ def plan_joint_graph(
             candidates.append(Candidate(v.saved, v.recomputed,
                                         build_plan(jg, v.saved, v.recomputed, relaxed_nr, reasons, eager), "hull"))
     candidates += _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
-    frontier = tuple(sorted((c.plan for c in candidates), key=lambda q: (q.recompute_seconds, q.predicted_peak_bytes)))
+    frontier = tuple(non_dominated([c.plan for c in candidates]))
     if options.budget is None:
         return Planned(jg, list(sol.saved), plan, frontier)
     limit = options.budget.resolve(eager.peak_bytes)

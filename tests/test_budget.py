@@ -12,6 +12,8 @@ from benchmarks import workloads
 from remat import compat
 from remat.budget import parse_budget
 from remat.frontier import best_within_bytes, hull
+from remat.plan import Plan, SavedTensor
+from remat.planner import Candidate, choose
 from remat.solver import ConflictError, Problem
 
 scipy_optimize = pytest.importorskip("scipy.optimize")
@@ -186,6 +188,57 @@ def test_frontier_table_and_plot(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_pareto_lists_only_non_dominated_plans_and_marks_the_default(name):
+    torch._dynamo.reset()
+    model, x = workloads.build(name, "medium")
+    f = remat.pareto(model, x)
+    pts = [(p.predicted_peak_bytes, p.recompute_seconds) for p in f.points]
+    for a in pts:
+        assert not any(b[0] <= a[0] and b[1] <= a[1] and b != a for b in pts), (a, pts)
+    times = [t for _, t in pts]
+    peaks = [pk for pk, _ in pts]
+    assert times == sorted(times) and peaks == sorted(peaks, reverse=True)  # the curve only goes down
+    assert f.default is not None
+    text = str(f)
+    if f.dominating_default() is None:
+        assert "(default)" in text
+    else:
+        assert "beats it on both" in text
+
+
+def _plan(peak, secs, name):
+    return Plan(saved=(SavedTensor(name, "aten.mul.Tensor", nbytes=1, reason="min-cut boundary"),), recomputed=(),
+                predicted_peak_bytes=peak, recompute_seconds=secs)
+
+
+def test_budget_never_buys_speed_with_more_memory_than_the_default_plan():
+    default = Candidate((0,), (), _plan(100, 2.0, "d"), "default")
+    bigger_faster = Candidate((1,), (), _plan(150, 0.5, "b"), "hull")
+    smaller_faster = Candidate((2,), (), _plan(90, 1.0, "s"), "hull")
+    smaller_slower = Candidate((3,), (), _plan(50, 3.0, "t"), "segments")
+    cands = [default, bigger_faster, smaller_faster, smaller_slower]
+    assert choose(cands, 10**9, 200) is smaller_faster  # not the faster plan above the default's peak
+    assert choose([default, bigger_faster], 10**9, 200) is default
+    assert choose(cands, 89, 200) is smaller_slower
+    with pytest.raises(remat.InfeasibleBudgetError, match="smallest predicted peak for this graph is 50 B"):
+        choose(cands, 49, 200)
+
+
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_no_budget_raises_the_predicted_peak_above_the_default_plan(name):
+    torch._dynamo.reset()
+    model, x = workloads.build(name, "medium")
+    default = remat.explain(model, x)
+    for fraction in (1.0, 0.9, 0.75):
+        torch._dynamo.reset()
+        try:
+            plan = remat.explain(model, x, budget=fraction)
+        except remat.InfeasibleBudgetError:
+            continue
+        assert plan.predicted_peak_bytes <= default.predicted_peak_bytes
+
+
 # --- bad budgets -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad, why", [
@@ -222,7 +275,7 @@ def test_no_plan_goes_under_the_floor(backend):
         if name != "pointwise":
             assert f.peak_floor_bytes > f.eager_peak_bytes // 4
             torch._dynamo.reset()
-            with pytest.raises(remat.InfeasibleBudgetError, match="no plan can fit it"):
+            with pytest.raises(remat.InfeasibleBudgetError, match="none of remat's plans can fit it"):
                 remat.explain(remat.checkpoint(model, backend=backend), x, budget=0.25)
 
 
