@@ -10,14 +10,21 @@ ResNet-50, bf16 on the GPU, the models built from their own libraries and left u
     # a chosen set, with a kernel profile of compile vs remat default on GPT-2
     python benchmarks/real_models.py --models gpt2 llama --strategies eager compile remat "remat b0.5" \\
         compile+ckpt --profile gpt2 --time-limit 420 --out out/
-    # merge the JSON of several runs into one table and plot
-    python benchmarks/real_models.py --report out1/real-models.json out2/real-models.json --out out/
+    # merge the JSON of several runs (and their -profile.json) into one table, plot and profile
+    # diff; --anchors here also writes the anchors file from the merged rows; --note adds lines
+    python benchmarks/real_models.py --report out1/real-models.json out2/real-models.json \
+        out1/real-models-profile.json --tag real-models-h200 --out benchmarks/
     # CPU smoke test: tiny configs from the same libraries, fp32
     python benchmarks/real_models.py --tiny --out out/
 
 Writes ``<tag>.json`` (after every strategy, so a run cut short still leaves its data),
 ``<tag>.md`` and ``<tag>.png`` (peak MiB against step ms) to ``--out``; with ``--profile``,
-``<tag>-profile.json`` and ``<tag>-profile.md`` (kernels of one step, compile vs remat).
+``<tag>-profile.json`` and ``<tag>-profile.md``: the GPU kernels of one step (torch.profiler,
+CUDA activity; name, calls, total us) for torch.compile and remat's default plan, and their
+difference by category and by kernel name with Inductor's trailing counter stripped.
+``--time-limit`` shares the run's seconds equally among the models still to run and skips a
+strategy that would not fit; ``--strategy-timeout`` stops one that runs over (SIGALRM: it
+fires when Python regains control, so a long compile can overrun it).
 
 Protocol. Each strategy gets a deep copy of one seeded initialisation. Step = gradients set to
 None (as ``optimizer.zero_grad()``), forward, loss (HF: the model's own LM loss with
@@ -59,6 +66,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import statistics
 import time
@@ -384,15 +392,15 @@ def measure(name: str, wl: Workload, args, device, ref: list | None, ckpt_peak: 
 
 def kernel_category(kernel: str) -> str:
     k = kernel.lower()
-    if any(s in k for s in ("flash", "fmha", "attention", "sdpa", "attn")):
+    if k.startswith("triton_"):  # Inductor's kernels name the ops they fused, attention's mask included
+        return "triton (Inductor)"
+    if any(s in k for s in ("flash", "fmha", "attention", "sdpa", "attn", "cudnn::fusion", "unpack_cudnn")):
         return "attention"
     if any(s in k for s in ("conv", "fprop", "dgrad", "wgrad", "implicit", "winograd", "cudnn")):
         return "convolution"
     if k in ("aten::mm", "aten::bmm") or any(s in k for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul",
                                                               "splitk", "addmm", "mm_")):
         return "matmul"
-    if k.startswith("triton_"):
-        return "triton (Inductor)"
     if any(s in k for s in ("memcpy", "memset", "fill", "copy")):
         return "copy/fill"
     return "other (aten)"
@@ -506,10 +514,13 @@ def markdown(results: dict) -> str:
     ratios_t, ratios_m = [], []
     for model, data in results["models"].items():
         rows = data["rows"]
-        comp = next((r for r in rows if r["strategy"] == "compile" and r.get("status") == "ok"), None)
+        comps = {r.get("run", 0): r for r in rows if r["strategy"] == "compile" and r.get("status") == "ok"}
         eager = next((r for r in rows if r["strategy"] == "eager" and r.get("status") == "ok"), None)
         for r in rows:
             note = r.get("note", "")
+            comp = comps.get(r.get("run", 0)) or next(iter(comps.values()), None)
+            if len(results.get("runs", ())) > 1:
+                note = f"run {r.get('run', 0) + 1}. {note}".strip()
             if r.get("status") != "ok":
                 lines.append(f"| {model} | {r['strategy']} | {r['status']} ||||||||||| "
                              f"{(r.get('error') or '')[:160].replace('|', '/')} |")
@@ -538,6 +549,10 @@ def markdown(results: dict) -> str:
     if ratios_t:
         lines += ["", f"remat default vs torch.compile, geomean over {len(ratios_t)} models: "
                   f"time {geomean(ratios_t):.3f}x, memory {geomean(ratios_m):.3f}x"]
+    for k, run in enumerate(results.get("runs", ())):
+        cmd = shlex.join(run.get("argv") or [])
+        lines.append(f"{'' if k else chr(10)}run {k + 1}: {run.get('date')}, `{cmd}`")
+    lines += [f"{'' if k else chr(10)}{n}" for k, n in enumerate(results.get("notes", ()))]
     return "\n".join(lines)
 
 
@@ -580,19 +595,37 @@ def write_report(results: dict, out: str, tag: str) -> None:
     plot(results, os.path.join(out, f"{tag}.png"))
 
 
-def merge(paths: list[str]) -> dict:
+def merge(paths: list[str]) -> tuple[dict, dict]:
+    """(results, profiles) from several runs' JSON files (``<tag>.json``, ``<tag>-profile.json``);
+    each row gets ``run``, the index of its results file."""
     results: dict = {}
+    profiles: dict = {}
     for p in paths:
         with open(p) as f:
             r = json.load(f)
+        if "models" not in r:  # a profile file
+            for m, d in r.items():
+                profiles.setdefault(m, {}).update(d)
+            continue
         if not results:
             results = {k: v for k, v in r.items() if k != "models"}
             results["models"] = {}
             results["runs"] = []
-        results["runs"].append({k: r.get(k) for k in ("date", "argv", "torch", "device")})
+        k = len(results["runs"])
+        results["runs"].append({key: r.get(key) for key in ("date", "argv", "torch", "device")})
         for m, d in r["models"].items():
-            results["models"].setdefault(m, {"rows": [], "info": d.get("info", {})})["rows"] += d["rows"]
-    return results
+            rows = results["models"].setdefault(m, {"rows": [], "info": d.get("info", {})})["rows"]
+            rows += [dict(row, run=k) for row in d["rows"]]
+    return results, profiles
+
+
+def write_anchors(results: dict, out: str, name: str) -> None:
+    keep = ANCHORS + ("compile",)
+    anchors = {k: v for k, v in results.items() if k != "models"}
+    anchors["models"] = {m: {"info": d["info"], "rows": [r for r in d["rows"] if r["strategy"] in keep]}
+                         for m, d in results["models"].items()}
+    with open(os.path.join(out, name), "w") as f:
+        json.dump(anchors, f, indent=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,12 +696,27 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds for the whole run; each model gets an equal share of what is left")
     parser.add_argument("--strategy-timeout", type=float, default=300.0)
     parser.add_argument("--report", nargs="+", help="merge these JSON results into one table and plot; run nothing")
+    parser.add_argument("--note", nargs="*", default=[], help="with --report: lines added under the tables")
     parser.add_argument("--tag", default="real-models")
     parser.add_argument("--out", default="out")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.report:
-        write_report(merge(args.report), args.out, args.tag)
+        results, profiles = merge(args.report)
+        if results:
+            results["notes"] = args.note
+            with open(os.path.join(args.out, f"{args.tag}.json"), "w") as f:
+                json.dump(results, f, indent=1)
+            write_report(results, args.out, args.tag)
+            if args.anchors:
+                cuda = "H200" in results["device"]
+                version = results["torch"].split("+")[0]
+                write_anchors(results, args.out, f"anchors-{'h200' if cuda else 'cpu-tiny'}-torch{version}.json")
+        if profiles:
+            with open(os.path.join(args.out, f"{args.tag}-profile.json"), "w") as f:
+                json.dump(profiles, f, indent=1)
+            with open(os.path.join(args.out, f"{args.tag}-profile.md"), "w") as f:
+                f.write(profile_markdown(profiles) + "\n\n" + "\n".join(args.note) + "\n")
         return
     t_start = time.monotonic()
     from tqdm import tqdm
@@ -776,12 +824,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(os.path.join(args.out, f"{tag}-profile.md"), "w") as f:
             f.write(profile_markdown(profiles) + "\n")
     if args.anchors:
-        anchors = {k: v for k, v in results.items() if k != "models"}
-        keep = ANCHORS + ("compile",)
-        anchors["models"] = {m: {"info": d["info"], "rows": [r for r in d["rows"] if r["strategy"] in keep]}
-                             for m, d in results["models"].items()}
-        with open(os.path.join(args.out, anchors_name(device)), "w") as f:
-            json.dump(anchors, f, indent=1)
+        write_anchors(results, args.out, anchors_name(device))
     print(f"total {time.monotonic() - t_start:.0f} s")
 
 
