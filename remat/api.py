@@ -3,13 +3,14 @@ stages together; the algorithms live in ``graph``, ``solver`` and ``partition``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import itertools
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -173,6 +174,56 @@ def compiled_plans(model: Any) -> list[Plan]:
     return list(rb.plans)
 
 
+def _version(t: torch.Tensor | None) -> int:
+    """A tensor's version counter (bumped by every in-place write); -1 where it has none
+    (inference tensors), which are then always restored."""
+    if t is None:
+        return 0
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
+@contextlib.contextmanager
+def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
+    """Leave the model as it was: ``explain`` runs its forward once (Dynamo runs each captured
+    graph, and the code between graph breaks, on the real tensors), which updates BatchNorm's
+    running statistics and ``num_batches_tracked``, draws from the random generators (dropout)
+    and could write parameters. Inside this context every parameter and buffer of ``model`` (and
+    of tensors passed as inputs that are modules) is copied, and written back afterwards where it
+    changed (its version counter moved or its values differ: kernels such as batch norm update
+    running statistics without bumping the counter); ``.grad`` of each parameter is put back (the same tensor, with its
+    values), and the CPU and CUDA generators are restored with ``torch.random.fork_rng``. The
+    copies cost the model's parameter and buffer memory while the probe runs."""
+    modules = [m for m in (model, *args, *kwargs.values()) if isinstance(m, nn.Module)]
+    if not modules and not isinstance(model, nn.Module):
+        owner = getattr(model, "__self__", None)  # a bound method of a module
+        if isinstance(owner, nn.Module):
+            modules.append(owner)
+    tensors: dict[int, torch.Tensor] = {}
+    for m in modules:
+        for t in itertools.chain(m.parameters(), m.buffers()):
+            tensors.setdefault(id(t), t)
+    saved = [(t, _version(t), t.detach().clone()) for t in tensors.values()]
+    grads = [(t, t.grad, _version(t.grad), t.grad.detach().clone() if t.grad is not None else None)
+             for t in tensors.values() if isinstance(t, nn.Parameter)]
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        with torch.no_grad():
+            for t, version, copy_ in saved:
+                if _version(t) != version or version < 0 or not torch.equal(t, copy_):
+                    t.copy_(copy_)
+            for p, grad, version, copy_ in grads:
+                if p.grad is not grad:
+                    p.grad = grad
+                if grad is not None and (_version(grad) != version or version < 0):
+                    grad.copy_(copy_)
+
+
 def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bool) -> RematBackend:
     if isinstance(model, nn.Module):
         rb = model.__dict__.get(_ATTR)
@@ -190,7 +241,7 @@ def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bo
         options = dataclasses.replace(options, budget=budget)
     probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
     compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic))
-    with torch.enable_grad():
+    with _untouched(model, args, kwargs), torch.enable_grad():
         compiled(*args, **kwargs)
     if not probe.plans:
         raise RematError(
@@ -204,8 +255,9 @@ def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bo
 def explain(model: Any, *args: Any, budget: Any = None, **kwargs: Any) -> Plan:
     """Plan ``model`` for these inputs without training: the same capture and solve path as
     ``checkpoint`` (with the wrapped model's options, or the defaults), returning the Plan.
-    The forward runs once, uncompiled; nothing is compiled or trained. ``budget`` overrides
-    the wrapped model's budget."""
+    The forward runs once, uncompiled, and the model is left as it was: parameters, buffers
+    (BatchNorm statistics), ``.grad`` and the CPU/CUDA random generators are restored. Nothing
+    is compiled or trained. ``budget`` overrides the wrapped model's budget."""
     return Plan.combine(_probe(model, args, kwargs, budget, want_frontier=False).plans)
 
 
