@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from . import compat
 from .capture import RematBackend
+from .dynamo_errors import model_error, quiet_fake_tensor_errors
 from .errors import RematError
 from .options import Options
 from .plan import Frontier, Plan
@@ -29,14 +30,17 @@ _ATTR = "_remat_backend"
 _COUNTER = itertools.count()
 
 
-def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]) -> Callable[..., Any]:
     """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
-    ``RematError`` unchanged so users see the ``remat:`` message first."""
+    ``RematError`` unchanged so users see the ``remat:`` message first. When the model itself
+    fails while Dynamo traces it (a wrong input shape), raise one ``remat:`` error naming the
+    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat)."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with quiet_fake_tensor_errors():
+                return fn(*args, **kwargs)
         except RematError:
             raise
         except Exception as e:
@@ -45,6 +49,9 @@ def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if isinstance(inner, RematError):
                     raise inner.with_traceback(None) from None
                 inner = getattr(inner, "inner_exception", None) or inner.__cause__
+            user = model_error(e, run_eagerly, args, kwargs)
+            if user is not None:
+                raise user from None
             raise
 
     return call
@@ -138,7 +145,8 @@ def checkpoint(
         _turn_off_inner_checkpointing(model)
         wrapped = copy.copy(model)
         wrapped.__dict__[_ATTR] = rb
-        compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic))
+        compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic),
+                                         wrapped._call_impl)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             # Eval mode runs the module as written: no joint graph is planned for inference.
@@ -149,7 +157,7 @@ def checkpoint(
         wrapped.__dict__["_compiled_call_impl"] = call
         return wrapped
     if callable(model):
-        compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic))
+        compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic), model)
 
         @functools.wraps(model)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -224,7 +232,7 @@ def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
                     grad.copy_(copy_)
 
 
-def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bool) -> RematBackend:
+def _probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], want_frontier: bool) -> RematBackend:
     if isinstance(model, nn.Module):
         rb = model.__dict__.get(_ATTR)
         fn: Callable[..., Any] = _entry(model)
@@ -237,10 +245,12 @@ def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bo
             "Call remat.explain(model, *example_inputs)."
         )
     options = rb.options if rb is not None else Options()
-    if budget is not None:
-        options = dataclasses.replace(options, budget=budget)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides:
+        options = dataclasses.replace(options, **overrides)
     probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
-    compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic))
+    eager = model._call_impl if isinstance(model, nn.Module) else fn
+    compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic), eager)
     with _untouched(model, args, kwargs), torch.enable_grad():
         compiled(*args, **kwargs)
     if not probe.plans:
@@ -252,20 +262,42 @@ def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bo
     return probe
 
 
-def explain(model: Any, *args: Any, budget: Any = None, **kwargs: Any) -> Plan:
+def explain(
+    model: Any,
+    *args: Any,
+    budget: int | float | str | None = None,
+    backend: str | None = None,
+    policy: Any = None,
+    device_model: Any = None,
+    **kwargs: Any,
+) -> Plan:
     """Plan ``model`` for these inputs without training: the same capture and solve path as
     ``checkpoint`` (with the wrapped model's options, or the defaults), returning the Plan.
+
+    ``budget``, ``backend``, ``policy`` and ``device_model`` are ``checkpoint``'s options and
+    override the wrapped model's where given; every other keyword argument goes to the model.
     The forward runs once, uncompiled, and the model is left as it was: parameters, buffers
     (BatchNorm statistics), ``.grad`` and the CPU/CUDA random generators are restored. Nothing
-    is compiled or trained. ``budget`` overrides the wrapped model's budget."""
-    return Plan.combine(_probe(model, args, kwargs, budget, want_frontier=False).plans)
+    is compiled or trained. An infeasible ``budget`` raises ``remat.InfeasibleBudgetError``
+    here, before any training step."""
+    overrides = {"budget": budget, "backend": backend, "policy": policy, "device_model": device_model}
+    return Plan.combine(_probe(model, args, kwargs, overrides, want_frontier=False).plans)
 
 
-def pareto(model: Any, *args: Any, **kwargs: Any) -> Frontier:
+def pareto(
+    model: Any,
+    *args: Any,
+    backend: str | None = None,
+    policy: Any = None,
+    device_model: Any = None,
+    **kwargs: Any,
+) -> Frontier:
     """The memory/recompute frontier of ``model`` for these inputs: the default plan and every
     plan on the lower convex hull of (saved bytes, estimated recompute time), each with its
-    predicted peak. Needs a single captured graph."""
-    probe = _probe(model, args, kwargs, None, want_frontier=True)
+    predicted peak. Needs a single captured graph. Options and the model's state as in
+    ``explain``."""
+    overrides = {"backend": backend, "policy": policy, "device_model": device_model}
+    probe = _probe(model, args, kwargs, overrides, want_frontier=True)
     if len(probe.plans) != 1 or probe.frontiers[0] is None:
         raise RematError(
             f"remat: pareto needs exactly one captured training graph, got {len(probe.plans)} "

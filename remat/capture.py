@@ -3,12 +3,15 @@ partition function, then to the chosen lowering (Inductor or uncompiled)."""
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch.fx as fx
 
 from . import compat
+from .logs import warn_at_user
 from .options import Options
 from .partition import make_partition_fn
 from .plan import Plan
@@ -18,6 +21,27 @@ __all__ = ["RematBackend", "remat_backend"]
 
 class _Planned(Exception):
     """Raised after planning in explain-only mode, to skip compiling the planned graph."""
+
+
+def _warnings_at_user(partition: Callable[..., Any]) -> Callable[..., Any]:
+    """Planning runs deep inside Dynamo and AOTAutograd: a ``remat:`` warning it raises (a
+    policy rule that matched nothing, a fallback) is re-raised at the user's line
+    (``logs.warn_at_user``) rather than inside remat; other warnings pass through unchanged."""
+
+    @functools.wraps(partition)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return partition(*args, **kwargs)
+        finally:  # also when explain-only planning stops with _Planned
+            for w in caught:
+                if str(w.message).startswith("remat:"):
+                    warn_at_user(str(w.message), w.category)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+    return run
 
 
 def _run_uncompiled(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -62,7 +86,7 @@ class RematBackend:
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
-        partition = make_partition_fn(self.options, self._sink, self.want_frontier)
+        partition = _warnings_at_user(make_partition_fn(self.options, self._sink, self.want_frontier))
         try:
             if self.options.backend == "eager":
                 lower = compat.aot_autograd(
