@@ -128,7 +128,8 @@ def checkpoint(
 
     A module comes back as a shallow copy sharing its parameters, buffers and submodules
     with ``model``: the same ``state_dict()`` keys, usable with any optimizer, ``.train()``
-    and ``.eval()`` (in eval mode the module runs as written, uncompiled and unplanned). A
+    and ``.eval()`` (in eval mode the module runs as written, uncompiled and unplanned; they
+    set the original's top-level ``training`` flag too, as they set its submodules'). A
     function comes back as a function. Each captured training graph is
     planned by a bytes-weighted min-cut; ``remat.compiled_plans(wrapped)`` lists the plans.
     With ``budget`` (bytes, ``"6GiB"``, or a fraction of eager's peak) each graph takes the
@@ -154,7 +155,16 @@ def checkpoint(
                 return wrapped._call_impl(*args, **kwargs)
             return _finish(rb, compiled(*args, **kwargs), 3)  # call <- Module.__call__ <- user
 
+        def train(mode: bool = True) -> nn.Module:
+            # The copy shares every submodule with ``model`` but has its own top-level
+            # ``training`` flag: keep the original's in step, so that ``wrapped.eval()`` leaves
+            # no module of the original in training mode.
+            nn.Module.train(wrapped, mode)
+            model.training = wrapped.training
+            return wrapped
+
         wrapped.__dict__["_compiled_call_impl"] = call
+        wrapped.__dict__["train"] = train
         return wrapped
     if callable(model):
         compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic), model)

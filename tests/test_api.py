@@ -94,7 +94,10 @@ def test_train_eval_toggle():
     rm = remat.checkpoint(model, backend="eager")
     rm.eval()
     assert not model[0].training  # submodules are shared
+    assert not model.training  # and the original's own flag follows
+    assert not any(m.training for m in model.modules())
     rm.train()
+    assert model.training and rm.training
     workloads.loss(rm(x)).backward()
     assert len(remat.compiled_plans(rm)) == 1
 

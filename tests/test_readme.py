@@ -17,3 +17,10 @@ def test_two_setup_commands_and_ci_runs_the_test_command():
     assert "pytest" in tests
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests.replace("pip install ", "pip install -q ") in ci
+
+
+def test_numpy_is_a_dependency():
+    """torch does not depend on numpy but prints "Failed to initialize NumPy" on import without
+    it (the demo's first output line in a fresh environment): remat declares it."""
+    deps = re.search(r"^dependencies = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert "numpy" in re.findall(r'"([A-Za-z0-9_.-]+)', deps)
