@@ -11,6 +11,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import compat
+from .eager_backend import compile_uncompiled
 from .logs import planning, warn_at_user
 from .options import Options
 from .partition import make_partition_fn
@@ -59,10 +60,6 @@ def _watched(partition: Callable[..., Any], backend: RematBackend) -> Callable[.
     return run
 
 
-def _run_uncompiled(gm: fx.GraphModule, example_inputs: Any) -> Any:
-    return compat.run_uncompiled(gm)
-
-
 class RematBackend:
     """A Dynamo backend. ``plans`` collects one Plan per captured training graph, in capture
     order. With ``explain_only``, graphs are planned but run uncompiled and never trained."""
@@ -107,14 +104,7 @@ class RematBackend:
         partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier), self)
         try:
             if self.options.backend == "eager":
-                lower = compat.aot_autograd(
-                    fw_compiler=_run_uncompiled,
-                    bw_compiler=_run_uncompiled,
-                    partition_fn=partition,
-                    decompositions=compat.eager_decompositions(),
-                )
-                with compat.no_autograd_cache():
-                    return lower(gm, example_inputs)
+                return compile_uncompiled(gm, example_inputs, partition)
             with compat.inductor_partitioner(partition):
                 return compat.compile_fx(gm, example_inputs)
         except _Planned:
