@@ -1,10 +1,11 @@
 """Quick start: plan and train a small GPT-style model on CPU with remat.
 
-    python examples/quickstart.py [--backend eager|inductor] [--steps N]
+    python examples/quickstart.py [--backend inductor|eager] [--steps N]
     python -m remat explain examples/quickstart.py:factory     # the plan, from the command line
 
 Prints the plan table (every tensor kept for the backward, its bytes and why), then trains a
-few steps and checks the gradients against eager autograd.
+few steps with the default backend (Inductor: the first step compiles C++ kernels, which takes
+a few seconds on CPU) and checks the gradients against eager autograd.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def factory() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="eager", choices=["eager", "inductor"])
+    parser.add_argument("--backend", default="inductor", choices=["inductor", "eager"])
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
 
