@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+import scipy.optimize as scipy_optimize
 import torch
 
 import remat
@@ -12,9 +13,6 @@ from remat import compat, workloads
 from remat.budget import parse_budget
 from remat.frontier import best_within_bytes, hull
 from remat.solver import ConflictError, Problem
-
-scipy_optimize = pytest.importorskip("scipy.optimize")
-
 
 # --- the frontier against an ILP oracle ------------------------------------------------------
 
@@ -176,7 +174,7 @@ def test_budget_may_recompute_matmuls_but_never_random_ops():
 
 
 def test_frontier_table_and_plot(tmp_path):
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401  (in the [test] extra: plot needs it)
     model, x = workloads.build("mlp")
     frontier = remat.pareto(model, x)
     text = str(frontier)

@@ -126,3 +126,17 @@ def test_files_named_in_the_readmes_exist():
 def test_benchmarks_readme_describes_results_not_sessions():
     text = BENCH_README.read_text()
     assert not re.search(r"\b[Ss]ession \d|device time|this session", text)
+
+
+def test_test_extra_installs_every_package_the_tests_import():
+    """README's test command installs ``.[test]``: no test may skip for a Python package that
+    extra could install (jsonschema used to be missing, so two schema tests always skipped),
+    and the suite runs on two processes (pytest-xdist, ``addopts``)."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    extra = re.search(r"^test = \[(.*?)\]", pyproject, re.M | re.S).group(1)
+    names = {re.split(r"[<>=\[]", n)[0].lower() for n in re.findall(r'"([^"]+)"', extra)}
+    assert {"jsonschema", "pytest-xdist", "scipy", "matplotlib", "transformers", "hypothesis"} <= names
+    skipped = re.findall(r"importorskip\(\s*[\"']([\w.]+)", "".join(p.read_text() for p in (ROOT / "tests").glob("*.py")
+                                                                     if p.name != "test_readme.py"))
+    assert skipped == []
+    assert re.search(r'^addopts = "-n 2"', pyproject, re.M)
