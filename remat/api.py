@@ -27,6 +27,7 @@ __all__ = ["checkpoint", "explain", "pareto", "compiled_plans"]
 
 T = TypeVar("T")
 _ATTR = "_remat_backend"
+_ORIGINAL = "_remat_original"
 _COUNTER = itertools.count()
 
 
@@ -114,6 +115,16 @@ def _turn_off_inner_checkpointing(model: nn.Module) -> None:
     )
 
 
+def _train(self: nn.Module, mode: bool = True) -> nn.Module:
+    """``train``/``eval`` of a wrapped module. The wrapper shares every submodule with the
+    original but has its own top-level ``training`` flag: keep the original's in step, so that
+    ``wrapped.eval()`` leaves no module of the original in training mode. (A bound method, so a
+    deep copy of the wrapper sets its own copies.)"""
+    nn.Module.train(self, mode)
+    self.__dict__[_ORIGINAL].training = self.training
+    return self
+
+
 def checkpoint(
     model: T,
     *,
@@ -155,16 +166,9 @@ def checkpoint(
                 return wrapped._call_impl(*args, **kwargs)
             return _finish(rb, compiled(*args, **kwargs), 3)  # call <- Module.__call__ <- user
 
-        def train(mode: bool = True) -> nn.Module:
-            # The copy shares every submodule with ``model`` but has its own top-level
-            # ``training`` flag: keep the original's in step, so that ``wrapped.eval()`` leaves
-            # no module of the original in training mode.
-            nn.Module.train(wrapped, mode)
-            model.training = wrapped.training
-            return wrapped
-
         wrapped.__dict__["_compiled_call_impl"] = call
-        wrapped.__dict__["train"] = train
+        wrapped.__dict__[_ORIGINAL] = model  # in __dict__: not a submodule, no state_dict keys
+        wrapped.__dict__["train"] = types.MethodType(_train, wrapped)
         return wrapped
     if callable(model):
         compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic), model)

@@ -139,4 +139,4 @@ def test_test_extra_installs_every_package_the_tests_import():
     skipped = re.findall(r"importorskip\(\s*[\"']([\w.]+)", "".join(p.read_text() for p in (ROOT / "tests").glob("*.py")
                                                                      if p.name != "test_readme.py"))
     assert skipped == []
-    assert re.search(r'^addopts = "-n 2"', pyproject, re.M)
+    assert re.search(r'^addopts = "-n 2 --dist loadgroup"', pyproject, re.M)
