@@ -42,6 +42,7 @@ def test_function_is_wrapped_as_function():
     assert len(remat.compiled_plans(g)) == 1
 
 
+@pytest.mark.inductor
 def test_registered_backend_name():
     model, x = workloads.build("pointwise")
     ref = train_step(copy.deepcopy(model), x)
