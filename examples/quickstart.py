@@ -1,9 +1,11 @@
 """Quick start: plan and train a small GPT-style model on CPU with remat.
 
-    python examples/quickstart.py [--backend eager|inductor] [--steps N]
+    python examples/quickstart.py [--backend inductor|eager] [--steps N]
+    python -m remat explain examples/quickstart.py:factory     # the plan, from the command line
 
 Prints the plan table (every tensor kept for the backward, its bytes and why), then trains a
-few steps and checks the gradients against eager autograd.
+few steps with the default backend (Inductor: the first step compiles C++ kernels, which takes
+a few seconds on CPU) and checks the gradients against eager autograd.
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import workloads  # noqa: E402  (the reference models live beside the benchmarks, not in the package)
 
 
+def factory() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """The demo's model and input, for ``python -m remat explain examples/quickstart.py:factory``."""
+    torch.manual_seed(0)
+    model, x = workloads.build("gpt", "small")  # 2 pre-LN blocks, d=64, 4 heads, seq 16
+    return model, (x,)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="eager", choices=["eager", "inductor"])
+    parser.add_argument("--backend", default="inductor", choices=["inductor", "eager"])
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
 
-    torch.manual_seed(0)
-    model, x = workloads.build("gpt", "small")  # 2 pre-LN blocks, d=64, 4 heads, seq 16
+    model, (x,) = factory()
     reference = copy.deepcopy(model)
 
     plan = remat.explain(model, x)

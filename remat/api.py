@@ -3,13 +3,14 @@ stages together; the algorithms live in ``graph``, ``solver`` and ``partition``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import itertools
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn as nn
 
 from . import compat
 from .capture import RematBackend
+from .dynamo_errors import model_error, quiet_fake_tensor_errors
 from .errors import RematError
 from .options import Options
 from .plan import Frontier, Plan
@@ -25,17 +27,21 @@ __all__ = ["checkpoint", "explain", "pareto", "compiled_plans"]
 
 T = TypeVar("T")
 _ATTR = "_remat_backend"
+_ORIGINAL = "_remat_original"
 _COUNTER = itertools.count()
 
 
-def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]) -> Callable[..., Any]:
     """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
-    ``RematError`` unchanged so users see the ``remat:`` message first."""
+    ``RematError`` unchanged so users see the ``remat:`` message first. When the model itself
+    fails while Dynamo traces it (a wrong input shape), raise one ``remat:`` error naming the
+    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat)."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with quiet_fake_tensor_errors():
+                return fn(*args, **kwargs)
         except RematError:
             raise
         except Exception as e:
@@ -44,6 +50,9 @@ def _rethrow_remat_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if isinstance(inner, RematError):
                     raise inner.with_traceback(None) from None
                 inner = getattr(inner, "inner_exception", None) or inner.__cause__
+            user = model_error(e, run_eagerly, args, kwargs)
+            if user is not None:
+                raise user from None
             raise
 
     return call
@@ -106,6 +115,16 @@ def _turn_off_inner_checkpointing(model: nn.Module) -> None:
     )
 
 
+def _train(self: nn.Module, mode: bool = True) -> nn.Module:
+    """``train``/``eval`` of a wrapped module. The wrapper shares every submodule with the
+    original but has its own top-level ``training`` flag: keep the original's in step, so that
+    ``wrapped.eval()`` leaves no module of the original in training mode. (A bound method, so a
+    deep copy of the wrapper sets its own copies.)"""
+    nn.Module.train(self, mode)
+    self.__dict__[_ORIGINAL].training = self.training
+    return self
+
+
 def checkpoint(
     model: T,
     *,
@@ -120,7 +139,8 @@ def checkpoint(
 
     A module comes back as a shallow copy sharing its parameters, buffers and submodules
     with ``model``: the same ``state_dict()`` keys, usable with any optimizer, ``.train()``
-    and ``.eval()`` (in eval mode the module runs as written, uncompiled and unplanned). A
+    and ``.eval()`` (in eval mode the module runs as written, uncompiled and unplanned; they
+    set the original's top-level ``training`` flag too, as they set its submodules'). A
     function comes back as a function. Each captured training graph is
     planned by a bytes-weighted min-cut; ``remat.compiled_plans(wrapped)`` lists the plans.
     With ``budget`` (bytes, ``"6GiB"``, or a fraction of eager's peak) each graph takes the
@@ -137,7 +157,8 @@ def checkpoint(
         _turn_off_inner_checkpointing(model)
         wrapped = copy.copy(model)
         wrapped.__dict__[_ATTR] = rb
-        compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic))
+        compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic),
+                                         wrapped._call_impl)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             # Eval mode runs the module as written: no joint graph is planned for inference.
@@ -146,9 +167,11 @@ def checkpoint(
             return _finish(rb, compiled(*args, **kwargs), 3)  # call <- Module.__call__ <- user
 
         wrapped.__dict__["_compiled_call_impl"] = call
+        wrapped.__dict__[_ORIGINAL] = model  # in __dict__: not a submodule, no state_dict keys
+        wrapped.__dict__["train"] = types.MethodType(_train, wrapped)
         return wrapped
     if callable(model):
-        compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic))
+        compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic), model)
 
         @functools.wraps(model)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -173,7 +196,57 @@ def compiled_plans(model: Any) -> list[Plan]:
     return list(rb.plans)
 
 
-def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bool) -> RematBackend:
+def _version(t: torch.Tensor | None) -> int:
+    """A tensor's version counter (bumped by every in-place write); -1 where it has none
+    (inference tensors), which are then always restored."""
+    if t is None:
+        return 0
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
+@contextlib.contextmanager
+def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
+    """Leave the model as it was: ``explain`` runs its forward once (Dynamo runs each captured
+    graph, and the code between graph breaks, on the real tensors), which updates BatchNorm's
+    running statistics and ``num_batches_tracked``, draws from the random generators (dropout)
+    and could write parameters. Inside this context every parameter and buffer of ``model`` (and
+    of tensors passed as inputs that are modules) is copied, and written back afterwards where it
+    changed (its version counter moved or its values differ: kernels such as batch norm update
+    running statistics without bumping the counter); ``.grad`` of each parameter is put back (the same tensor, with its
+    values), and the CPU and CUDA generators are restored with ``torch.random.fork_rng``. The
+    copies cost the model's parameter and buffer memory while the probe runs."""
+    modules = [m for m in (model, *args, *kwargs.values()) if isinstance(m, nn.Module)]
+    if not modules and not isinstance(model, nn.Module):
+        owner = getattr(model, "__self__", None)  # a bound method of a module
+        if isinstance(owner, nn.Module):
+            modules.append(owner)
+    tensors: dict[int, torch.Tensor] = {}
+    for m in modules:
+        for t in itertools.chain(m.parameters(), m.buffers()):
+            tensors.setdefault(id(t), t)
+    saved = [(t, _version(t), t.detach().clone()) for t in tensors.values()]
+    grads = [(t, t.grad, _version(t.grad), t.grad.detach().clone() if t.grad is not None else None)
+             for t in tensors.values() if isinstance(t, nn.Parameter)]
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        with torch.no_grad():
+            for t, version, copy_ in saved:
+                if _version(t) != version or version < 0 or not torch.equal(t, copy_):
+                    t.copy_(copy_)
+            for p, grad, version, copy_ in grads:
+                if p.grad is not grad:
+                    p.grad = grad
+                if grad is not None and (_version(grad) != version or version < 0):
+                    grad.copy_(copy_)
+
+
+def _probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], want_frontier: bool) -> RematBackend:
     if isinstance(model, nn.Module):
         rb = model.__dict__.get(_ATTR)
         fn: Callable[..., Any] = _entry(model)
@@ -186,11 +259,13 @@ def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bo
             "Call remat.explain(model, *example_inputs)."
         )
     options = rb.options if rb is not None else Options()
-    if budget is not None:
-        options = dataclasses.replace(options, budget=budget)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides:
+        options = dataclasses.replace(options, **overrides)
     probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
-    compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic))
-    with torch.enable_grad():
+    eager = model._call_impl if isinstance(model, nn.Module) else fn
+    compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic), eager)
+    with _untouched(model, args, kwargs), torch.enable_grad():
         compiled(*args, **kwargs)
     if not probe.plans:
         raise RematError(
@@ -201,19 +276,42 @@ def _probe(model: Any, args: tuple, kwargs: dict, budget: Any, want_frontier: bo
     return probe
 
 
-def explain(model: Any, *args: Any, budget: Any = None, **kwargs: Any) -> Plan:
+def explain(
+    model: Any,
+    *args: Any,
+    budget: int | float | str | None = None,
+    backend: str | None = None,
+    policy: Any = None,
+    device_model: Any = None,
+    **kwargs: Any,
+) -> Plan:
     """Plan ``model`` for these inputs without training: the same capture and solve path as
     ``checkpoint`` (with the wrapped model's options, or the defaults), returning the Plan.
-    The forward runs once, uncompiled; nothing is compiled or trained. ``budget`` overrides
-    the wrapped model's budget."""
-    return Plan.combine(_probe(model, args, kwargs, budget, want_frontier=False).plans)
+
+    ``budget``, ``backend``, ``policy`` and ``device_model`` are ``checkpoint``'s options and
+    override the wrapped model's where given; every other keyword argument goes to the model.
+    The forward runs once, uncompiled, and the model is left as it was: parameters, buffers
+    (BatchNorm statistics), ``.grad`` and the CPU/CUDA random generators are restored. Nothing
+    is compiled or trained. An infeasible ``budget`` raises ``remat.InfeasibleBudgetError``
+    here, before any training step."""
+    overrides = {"budget": budget, "backend": backend, "policy": policy, "device_model": device_model}
+    return Plan.combine(_probe(model, args, kwargs, overrides, want_frontier=False).plans)
 
 
-def pareto(model: Any, *args: Any, **kwargs: Any) -> Frontier:
+def pareto(
+    model: Any,
+    *args: Any,
+    backend: str | None = None,
+    policy: Any = None,
+    device_model: Any = None,
+    **kwargs: Any,
+) -> Frontier:
     """The memory/recompute frontier of ``model`` for these inputs: the default plan and every
     plan on the lower convex hull of (saved bytes, estimated recompute time), each with its
-    predicted peak. Needs a single captured graph."""
-    probe = _probe(model, args, kwargs, None, want_frontier=True)
+    predicted peak. Needs a single captured graph. Options and the model's state as in
+    ``explain``."""
+    overrides = {"backend": backend, "policy": policy, "device_model": device_model}
+    probe = _probe(model, args, kwargs, overrides, want_frontier=True)
     if len(probe.plans) != 1 or probe.frontiers[0] is None:
         raise RematError(
             f"remat: pareto needs exactly one captured training graph, got {len(probe.plans)} "

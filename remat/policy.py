@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -197,6 +198,24 @@ UNSAFE_RULES = frozenset({"random op", "side effect", "collective", "data-depend
 Policy = tuple[Rule, ...]
 
 
+def _check_signature(fn: Callable[..., object]) -> None:
+    """A callable rule is called as ``rule(op)``: reject one that cannot take exactly that, when
+    ``checkpoint`` is called rather than in the middle of planning."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(fn, "__name__", repr(fn))
+        raise PolicyError(
+            f"remat: a policy callable is called with one argument, a remat.OpInfo, and returns "
+            f"remat.MUST_SAVE, remat.MUST_RECOMPUTE or None; got `{name}{signature}`, which cannot be "
+            f"called as {name}(op). Example: def {name}(op): return remat.MUST_SAVE if op.is_matmul else None"
+        ) from None
+
+
 def normalize_policy(policy: object) -> Policy:
     """``None``, a Rule, a callable ``OpInfo -> Decision | None``, or a list of those."""
     if policy is None:
@@ -209,6 +228,7 @@ def normalize_policy(policy: object) -> Policy:
         if isinstance(item, Rule):
             out.append(item)
         elif callable(item) and not isinstance(item, (str, bytes)):
+            _check_signature(item)
             out.append(Rule(name=getattr(item, "__name__", repr(item)), predicate=item))
         else:
             raise PolicyError(

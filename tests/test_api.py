@@ -42,6 +42,7 @@ def test_function_is_wrapped_as_function():
     assert len(remat.compiled_plans(g)) == 1
 
 
+@pytest.mark.inductor
 def test_registered_backend_name():
     model, x = workloads.build("pointwise")
     ref = train_step(copy.deepcopy(model), x)
@@ -94,7 +95,10 @@ def test_train_eval_toggle():
     rm = remat.checkpoint(model, backend="eager")
     rm.eval()
     assert not model[0].training  # submodules are shared
+    assert not model.training  # and the original's own flag follows
+    assert not any(m.training for m in model.modules())
     rm.train()
+    assert model.training and rm.training
     workloads.loss(rm(x)).backward()
     assert len(remat.compiled_plans(rm)) == 1
 
@@ -174,12 +178,66 @@ def test_user_rule_forces_recompute_and_save():
     assert forced.saved_bytes > base.saved_bytes
 
 
-def test_rule_matching_nothing_warns():
+def test_rule_matching_nothing_warns_at_the_users_line():
     model, x = workloads.build("mlp")
+    rule = remat.save(ops="aten.nothing_like_this")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        remat.explain(remat.checkpoint(model, backend="eager", policy=remat.save(ops="aten.nothing_like_this")), x)
-    assert any("matched no op" in str(m.message) and str(m.message).startswith("remat:") for m in w)
+        remat.explain(remat.checkpoint(model, backend="eager", policy=rule), x)
+        rm = remat.checkpoint(model, backend="eager", policy=rule)
+        rm(x)
+    hits = [m for m in w if "matched no op" in str(m.message)]
+    assert len(hits) == 2 and all(str(m.message).startswith("remat:") for m in hits)
+    assert {m.filename for m in hits} == {__file__}
+
+
+def test_error_wrong_input_shape_is_one_remat_error(capfd):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 5)
+    message = (r"^remat: the model raises RuntimeError on these inputs, also without remat, so nothing was "
+               r"planned: mat1 and mat2 shapes cannot be multiplied \(3x5 and 4x8\)\. Inputs: \(Tensor\(3, 5\) "
+               r"float32\)\. Fix the inputs' shapes")
+    with pytest.raises(remat.RematError, match=message) as e:
+        remat.checkpoint(model, backend="eager")(x)
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+    with pytest.raises(remat.RematError, match=message):
+        remat.explain(model, x)
+    assert "fake_tensor" not in capfd.readouterr().err  # no log lines from Dynamo's fake tensors
+
+
+def test_error_in_users_forward_names_its_line():
+    class Bad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return x @ self.w  # the wrong shape fails here
+
+    with pytest.raises(remat.RematError, match=r"^remat: the model raises RuntimeError at tests/test_api.py:\d+ "
+                                               r"\(forward\) on these inputs"):
+        remat.checkpoint(Bad(), backend="eager")(torch.randn(2, 3, requires_grad=True))
+
+
+def test_explain_takes_checkpoint_options_not_the_models():
+    model, x = workloads.build("mlp")
+    # backend= is an option of explain (as of checkpoint), not a keyword argument of forward.
+    plan = remat.explain(model, x, backend="eager")
+    assert plan == remat.explain(remat.checkpoint(model, backend="eager"), x)
+    assert plan.predicted_peak_bytes > remat.explain(model, x).predicted_peak_bytes  # Inductor stores less
+    forced = remat.explain(model, x, policy=remat.save(ops="aten.erf"))
+    assert "aten.erf.default" not in forced.recompute_counts()
+
+
+def test_error_policy_with_wrong_signature_at_checkpoint_time():
+    def two_args(op, extra):
+        return None
+
+    with pytest.raises(remat.PolicyError, match=r"^remat: a policy callable is called with one argument, a "
+                                                r"remat.OpInfo.*got `two_args\(op, extra\)`.*def two_args\(op\)"):
+        remat.checkpoint(nn.Linear(2, 2), policy=two_args)
+    with pytest.raises(remat.PolicyError, match=r"got `<lambda>\(\)`"):
+        remat.checkpoint(nn.Linear(2, 2), policy=[remat.save(ops="aten.mm"), lambda: None])
 
 
 def test_fallback_warns_and_strict_raises(monkeypatch):

@@ -46,3 +46,42 @@ def test_errors_exit_2_with_a_remat_message():
     assert "factory" in out.stderr
     out = run("no_such_file.py:factory")
     assert out.returncode == 2 and out.stderr.startswith("remat: expected an existing Python file")
+
+
+def test_factory_needing_arguments_is_a_remat_error(tmp_path, capsys):
+    from remat.cli import main
+
+    path = tmp_path / "needs.py"
+    path.write_text("def factory(size, depth=2):\n    raise AssertionError('not called')\n")
+    assert main(["explain", f"{path}:factory"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"remat: {path}:factory must be callable with no arguments (the command calls it as "
+                          "factory()), got one that needs size.")
+
+
+def test_example_in_messages_and_help_exists(capsys):
+    import re
+
+    from remat.cli import _parser, main
+
+    assert main(["explain", "no-colon"]) == 2
+    example = re.search(r"Example: python -m remat explain (\S+):(\w+)", capsys.readouterr().err)
+    assert example and (ROOT / example.group(1)).is_file()
+    assert f"def {example.group(2)}(" in (ROOT / example.group(1)).read_text()
+    help_text = _parser()._subparsers._group_actions[0].choices["explain"].format_help()
+    assert "``" not in help_text and "--budget" in help_text
+    assert re.search(r"Example: python -m remat explain (\S+):(\w+)", help_text).groups() == example.groups()
+
+
+def test_unknown_why_name_still_writes_the_reports_and_budget(tmp_path, capsys):
+    from remat.cli import main
+
+    html, dot = tmp_path / "plan.html", tmp_path / "plan.dot"
+    status = main(["explain", f"{MODEL}:factory_kwargs", "--json", "--budget", "0.9", "--html", str(html),
+                   "--dot", str(dot), "--why", "no_such_node"])
+    out = capsys.readouterr()
+    assert status == 2
+    assert out.err.splitlines()[-1].startswith("remat: plan.explain expects the name of a node")
+    assert html.read_text().startswith("<!DOCTYPE html>") and dot.read_text().startswith("digraph")
+    doc = json.loads(out.out)
+    assert doc["budget_bytes"] is not None and doc["budget_bytes"] > 0

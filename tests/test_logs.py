@@ -1,6 +1,7 @@
 """The ``remat`` logger: REMAT_LOG, the summary at INFO, the flow network of a failed cut at DEBUG."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -8,25 +9,33 @@ import torch.nn.functional as F
 
 import remat
 from remat import logs
+from remat.plan import format_bytes
 from remat.solver import ConflictError, Problem, describe, solve
 
 
-def test_configure_from_env():
+@pytest.fixture
+def saved_loggers():
+    """Restore the ``remat`` and ``remat.progress`` loggers after a test that configures them."""
+    loggers = [logging.getLogger("remat"), logging.getLogger(logs.PROGRESS_LOGGER_NAME)]
+    state = [(lg.level, list(lg.handlers), lg.propagate) for lg in loggers]
+    yield
+    for lg, (level, handlers, propagate) in zip(loggers, state):
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate = propagate
+
+
+def test_configure_from_env(saved_loggers):
     logger = logging.getLogger("remat")
-    level, handlers = logger.level, list(logger.handlers)
-    try:
-        assert logs.configure_from_env({}) is None
-        assert logs.configure_from_env({"REMAT_LOG": "debug"}) is logger
-        assert logger.level == logging.DEBUG
-        logs.configure_from_env({"REMAT_LOG": "INFO"})
-        assert logger.level == logging.INFO
-        assert sum(h.get_name() == "remat-stderr" for h in logger.handlers) == 1
-        with pytest.warns(UserWarning, match=r"^remat: REMAT_LOG must be one of debug, info, warning, error, "
-                                             r"got 'loud'"):
-            assert logs.configure_from_env({"REMAT_LOG": "loud"}) is None
-    finally:
-        logger.setLevel(level)
-        logger.handlers[:] = handlers
+    assert logs.configure_from_env({}) is None
+    assert logs.configure_from_env({"REMAT_LOG": "debug"}) is logger
+    assert logger.level == logging.DEBUG
+    logs.configure_from_env({"REMAT_LOG": "INFO"})
+    assert logger.level == logging.INFO
+    assert sum(h.get_name() == "remat-stderr" for h in logger.handlers) == 1
+    with pytest.warns(UserWarning, match=r"^remat: REMAT_LOG must be one of debug, info, warning, error, "
+                                         r"got 'loud'"):
+        assert logs.configure_from_env({"REMAT_LOG": "loud"}) is None
 
 
 def test_info_logs_each_plan_summary(caplog):
@@ -76,3 +85,54 @@ def test_describe_lists_every_edge():
     assert text.endswith("conflict (every edge on this path is infinite):\n"
                          "  a: cannot be recomputed (random op) and cannot be saved (multi-output op)\n"
                          "  b: cannot be saved (user rule `r`); the backward needs it")
+
+
+def test_slow_planning_logs_one_line_per_graph_by_default(monkeypatch, capfd):
+    monkeypatch.setattr(logs, "SLOW_PLAN_SECONDS", 0.0)  # every planning counts as slow
+    logger = logging.getLogger(logs.PROGRESS_LOGGER_NAME)
+    assert logger.isEnabledFor(logging.INFO)  # on by default, without REMAT_LOG
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    plan = remat.explain(model, x)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[remat] planned")]
+    assert len(lines) == 1
+    assert re.fullmatch(r"\[remat\] planned graph 1 \(\d+ nodes\) in \d+\.\d s: saves (.+) vs eager autograd "
+                        r"(.+) \(\d+%\), predicted peak (.+)", lines[0])
+    saved, eager, peak = re.search(r"saves (.+) vs eager autograd (.+) \(\d+%\), predicted peak (.+)",
+                                   lines[0]).groups()
+    assert (saved, eager, peak) == (format_bytes(plan.saved_bytes), format_bytes(plan.eager_saved_bytes),
+                                    format_bytes(plan.predicted_peak_bytes))
+
+
+def test_fast_planning_prints_nothing(capfd):
+    remat.explain(lambda a: (a * 2).sin(), torch.randn(3, requires_grad=True))
+    assert "[remat]" not in capfd.readouterr().err
+
+
+def test_progress_heartbeat_and_routing(monkeypatch, saved_loggers):
+    logger = logging.getLogger(logs.PROGRESS_LOGGER_NAME)
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    keep = Keep()
+    logger.addHandler(keep)
+    monkeypatch.setattr(logs, "HEARTBEAT_SECONDS", 0.01)
+    monkeypatch.setattr(logs, "SLOW_PLAN_SECONDS", 0.05)
+    try:
+        with logs.planning("graph 7", 1234) as done:
+            import time
+
+            time.sleep(0.1)
+            done("a plan")
+    finally:
+        logger.removeHandler(keep)
+    assert records[0].startswith("planning graph 7 (1234 nodes): ") and records[0].endswith(" s so far...")
+    assert records[-1].startswith("planned graph 7 (1234 nodes) in 0.") and records[-1].endswith(" s: a plan")
+    # REMAT_LOG routes the progress logger through "remat" (one handler, its level).
+    logs.configure_from_env({"REMAT_LOG": "warning"})
+    assert not logger.isEnabledFor(logging.INFO) and logger.propagate and not logger.handlers
+    logs.configure_from_env({})  # unset again: "remat" is configured, the progress logger stays routed
+    assert logger.propagate

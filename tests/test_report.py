@@ -108,7 +108,7 @@ def test_json_schema(report_plan):
     assert doc["totals"]["saved_bytes"] == report_plan.saved_bytes
     assert len(doc["nodes"]) == len(report_plan.nodes)
     assert "nodes" not in json.loads(report_plan.to_json(nodes=False))
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     jsonschema.validate(doc, report.SCHEMA)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**doc, "version": 2}, report.SCHEMA)
@@ -215,5 +215,17 @@ def test_combined_plan_keeps_nodes_for_reports(report_plan):
     assert "recomputed in the backward from `g0.addmm`" in both.explain("g0.erf")
     assert both.totals().activation_bytes == 2 * report_plan.totals().activation_bytes
     assert "layers.0..1 (x2)" in both.summary()
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     jsonschema.validate(json.loads(both.to_json()), report.SCHEMA)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15 item 8: Plan.__str__'s header (remat/plan.py, the lead's file) still "
+                                       "counts parameters; drop this marker with that change")
+def test_table_header_and_summary_count_the_same_saved_tensors(report_plan):
+    """Both count saved activations; parameters and buffers (saved at no cost) are listed apart."""
+    import re
+
+    table_count = int(re.match(r"remat plan: (\d+) saved tensors", str(report_plan)).group(1))
+    summary_count = int(re.match(r"remat plan summary: (\d+) saved tensors", report_plan.summary()).group(1))
+    activations = sum(s.op != "parameter" for s in report_plan.saved)
+    assert table_count == summary_count == activations

@@ -1,0 +1,204 @@
+"""Write the benchmark tables of README.md and benchmarks/README.md from the JSON files here.
+
+    python benchmarks/render.py           # rewrite every table between render markers
+    python benchmarks/render.py --check   # exit 1 if a table differs from what the JSON gives
+
+A table lives between ``<!-- render: NAME -->`` and ``<!-- /render -->`` in a Markdown file;
+NAME is one of ``TABLES``. Each number in those tables has one home: the JSON file named in
+the table's caption, written by the benchmark that measured it (``bench.py --out``,
+``peak_check.py --out``). Edit the JSON's producer, not the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+FILES = (ROOT / "README.md", HERE / "README.md")
+RESULTS = "results-h200-run7.json"
+PEAK = "peak-check-h200.json"
+PEAK_DEEP = "peak-check-h200-deep.json"
+EAGER_OVERHEAD = "eager-overhead-cpu.json"
+OLDER = "results-h200-run5.json"
+MIB = 1 << 20
+
+
+def _load(name: str) -> dict:
+    return json.loads((HERE / name).read_text())
+
+
+def _rows(doc: dict, workload: str) -> dict[str, dict]:
+    return {r["variant"]: r for r in doc["workloads"][workload]["rows"]}
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if "error" in row:
+        return "infeasible" if "InfeasibleBudgetError" in row["error"] else "error"
+    return f"{row['ms']:.2f} ms / {row['peak_mib']:.0f} MiB"
+
+
+def _header(cols: list[str]) -> list[str]:
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
+def _caption(doc: dict, name: str) -> str:
+    return (f"{doc.get('device_name', doc.get('device'))}, torch {doc['torch'].split('+')[0]}, "
+            f"{str(doc['dtype']).removeprefix('torch.')}; `benchmarks/{name}`")
+
+
+def headline() -> str:
+    """Step time and peak activation memory against eager, checkpointing and torch.compile."""
+    doc = _load(RESULTS)
+    variants = [("eager", "eager"), ("eager+ckpt", "eager + checkpoint per block"), ("compile", "torch.compile"),
+                ("remat", "remat"), ("remat budget 50%", "remat, budget=0.5")]
+    lines = _header(["workload"] + [v[1] for v in variants])
+    ratios = []
+    for w in doc["workloads"]:
+        rows = _rows(doc, w)
+        lines.append("| " + " | ".join([w] + [_cell(rows.get(v)) for v, _ in variants]) + " |")
+        r, c = rows["remat"], rows["compile"]
+        ratios.append(f"{w} {r['ms'] / c['ms']:.2f}x time, {r['peak_mib'] / c['peak_mib']:.2f}x memory")
+    lines.append("")
+    lines.append(f"Median step time / peak memory of a step ({_caption(doc, RESULTS)}). remat's default plan "
+                 f"against torch.compile: {'; '.join(ratios)}.")
+    return "\n".join(lines)
+
+
+def results() -> str:
+    """Every variant of the last full run, with compile time, roofline and gradient error."""
+    doc = _load(RESULTS)
+    cols = ["workload", "variant", "ms", "peak MiB", "x compile time", "x compile mem", "compile s", "x floor",
+            "grad rel err", "plan saved MiB", "predicted / measured step peak MiB"]
+    lines = _header(cols)
+    for w in doc["workloads"]:
+        rows = _rows(doc, w)
+        base = rows["compile"]
+        for v, r in rows.items():
+            if "error" in r:
+                lines.append(f"| {w} | {v} | {r['error'].split(': remat: ')[-1].split(':')[0]} |" + " |" * 8)
+                continue
+            pred = (f"{r['predicted_peak_mib']:.0f} / {r['measured_step_peak_mib']:.0f}"
+                    if "predicted_peak_mib" in r else "")
+            saved = f"{r['plan_saved_mib']:.0f}" if "plan_saved_mib" in r else ""
+            lines.append(f"| {w} | {v} | {r['ms']:.2f} | {r['peak_mib']:.0f} | {r['ms'] / base['ms']:.3f} | "
+                         f"{r['peak_mib'] / base['peak_mib']:.3f} | {r['compile_s']:.1f} | {r['x_floor']:.2f} | "
+                         f"{r['grad_rel_err']:.1e} | {saved} | {pred} |")
+    lines += ["", f"({_caption(doc, RESULTS)})"]
+    return "\n".join(lines)
+
+
+def _budget(b: float | None) -> str:
+    return "default" if b is None else f"{b:.0%}"
+
+
+def peak_check() -> str:
+    """Predicted against measured peak of each plan (``peak_check.py``)."""
+    doc = _load(PEAK)
+    lines = _header(["workload", "backend", "budget", "predicted MiB", "measured MiB", "error"])
+    ok = []
+    for r in doc["rows"]:
+        head = f"| {r['workload']} | {r['backend']} | {_budget(r['budget'])} |"
+        if r["status"] != "ok":
+            smallest = re.search(r"smallest predicted peak for this graph is ([\d.]+ \w+)", r.get("message", ""))
+            lines.append(head + f" infeasible (smallest predicted: {smallest.group(1) if smallest else '?'}) | | |")
+            continue
+        if r["backend"] == "inductor":
+            ok.append(abs(r["error"]))
+        lines.append(head + f" {r['predicted_bytes'] / MIB:.1f} | {r['measured_bytes'] / MIB:.1f} | "
+                     f"{r['error']:+.1%} |")
+    within = sum(e <= 0.05 for e in ok)
+    lines += ["", f"({_caption(doc, PEAK)}.) Inductor: {within} of {len(ok)} feasible plans within 5% "
+              f"(worst {max(ok):.1%}). \"infeasible\": the budget is below every plan's predicted peak."
+              + (f" Note: {doc['note']}." if doc.get("note") else "")]
+    return "\n".join(lines)
+
+
+def peak_check_deep() -> str:
+    """The same at the deep sizes, one row per workload."""
+    doc = _load(PEAK_DEEP)
+    budgets = [None, 0.25, 0.5, 0.75, 1.0]
+    lines = _header(["workload"] + [_budget(b) for b in budgets])
+    by = {(r["workload"], r["budget"]): r for r in doc["rows"] if r["backend"] == "inductor"}
+    for w in dict.fromkeys(r["workload"] for r in doc["rows"]):
+        cells = []
+        for b in budgets:
+            r = by.get((w, b))
+            cells.append("-" if r is None else "infeasible" if r["status"] != "ok" else
+                         f"{r['predicted_bytes'] / MIB:.2f} / {r['measured_bytes'] / MIB:.2f} ({r['error']:+.1%})")
+        lines.append("| " + " | ".join([w] + cells) + " |")
+    lines += ["", f"Predicted / measured MiB (error) under Inductor ({_caption(doc, PEAK_DEEP)})."]
+    return "\n".join(lines)
+
+
+def eager_overhead() -> str:
+    """Step time of the uncompiled backend against plain eager (``eager_overhead.py``)."""
+    doc = _load(EAGER_OVERHEAD)
+    lines = _header(["model", "plain eager", "remat, backend=\"eager\"", "ratio"])
+    for r in doc["rows"]:
+        lines.append(f"| {r['model']} | {r['eager_ms']:.2f} ms | {r['remat_eager_ms']:.2f} ms | "
+                     f"{r['remat_eager_ms'] / r['eager_ms']:.2f}x |")
+    load = ", ".join(f"{v:.1f}" for v in doc["load_average"])
+    lines += ["", f"(CPU, torch {doc['torch'].split('+')[0]}, {doc['threads']} thread(s), fastest of {doc['steps']} "
+              f"steps, load average {load} on a shared 2-core machine; `benchmarks/{EAGER_OVERHEAD}`)"]
+    return "\n".join(lines)
+
+
+def compile_variants() -> str:
+    """torch.compile with a budget and with checkpointing, from the last run that had them."""
+    doc = _load(OLDER)
+    variants = [("compile", "torch.compile"), ("compile budget 0.5", "compile, activation_memory_budget=0.5"),
+                ("compile+ckpt", "compile + checkpoint per block"), ("eager+ckpt", "eager + checkpoint per block")]
+    lines = _header(["workload"] + [v[1] for v in variants])
+    for w in doc["workloads"]:
+        rows = _rows(doc, w)
+        lines.append("| " + " | ".join([w] + [_cell(rows.get(v)) for v, _ in variants]) + " |")
+    lines += ["", f"({_caption(doc, OLDER)})"]
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
+    "eager-overhead": eager_overhead, "compile-variants": compile_variants,
+}
+_BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
+
+
+def render(text: str) -> str:
+    """``text`` with every render block replaced by its table."""
+    def fill(m: re.Match) -> str:
+        if m.group(2) not in TABLES:
+            raise SystemExit(f"render.py: unknown table {m.group(2)!r}; known: {', '.join(TABLES)}")
+        return m.group(1) + TABLES[m.group(2)]() + "\n" + m.group(4)
+
+    return _BLOCK.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale; write nothing")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in FILES:
+        text = path.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print("stale tables in " + ", ".join(str(p.relative_to(ROOT)) for p in stale)
+              + ": run python benchmarks/render.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

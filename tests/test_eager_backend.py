@@ -1,0 +1,26 @@
+"""The uncompiled backend keeps max pooling whole (Note [Eager pooling] in remat/eager.py)
+and trains like eager autograd."""
+
+import torch
+import torch.nn as nn
+
+import remat
+
+from .conftest import assert_same_training
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+
+
+def test_max_pool_is_kept_whole_and_gradients_equal_eager():
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    rm = assert_same_training(cnn, [x], "eager", steps=2, lr=0.1)
+    (plan,) = remat.compiled_plans(rm)
+    ops = {n.op for n in plan.nodes}
+    assert {"aten.max_pool2d_with_indices.default", "aten.max_pool2d_with_indices_backward.default"} <= ops
+    assert not any("low_memory" in op for op in ops)
+    # eager autograd saves the pooling's int64 indices; so does this plan (or recomputes them)
+    indices = [s for s in plan.saved if s.dtype == "int64"]
+    assert all(s.shape == (2, 4, 4, 4) for s in indices)
