@@ -146,9 +146,12 @@ class Plan:
     budget_bytes: int | None = None
     """The peak budget this plan was chosen under, if any."""
     peak_floor_bytes: int = 0
-    """No plan for this graph has a smaller predicted peak (``remat.peak.floor_bytes``): the
-    gradients, outputs and output gradients, and each backward op's operands with its result,
-    must coexist whatever is saved or recomputed."""
+    """No remat plan for this graph has a smaller *predicted* peak (``remat.peak.floor_bytes``):
+    in remat's model of the step (the same backward ops, each forward value recomputed at most
+    once) the gradients, outputs and output gradients, and each backward op's operands with its
+    result, coexist whatever is saved or recomputed. It bounds remat's predictions, not measured
+    memory: a differently scheduled or fused backward (torch.compile with checkpointing, say)
+    can measure lower."""
     checkpoints: tuple[str, ...] = ()
     """Separator values this plan never recomputes through (checkpoint segments, see
     ``remat.segments``); empty for the default plan and the min-cut frontier's plans."""
@@ -183,8 +186,9 @@ class Plan:
                    recompute_seconds=sum(p.recompute_seconds for p in plans))
 
     def __str__(self) -> str:
+        activations = sum(s.op != "parameter" for s in self.saved)
         head = [
-            f"remat plan: {len(self.saved)} saved tensors, {format_bytes(self.saved_bytes)} "
+            f"remat plan: {activations} saved tensors, {format_bytes(self.saved_bytes)} "
             f"kept for the backward (eager autograd keeps {format_bytes(self.eager_saved_bytes)}); "
             f"{len(self.recomputed)} ops recomputed in the backward"
             + (f"; {self.graphs} graphs" if self.graphs > 1 else "")

@@ -219,8 +219,6 @@ def test_combined_plan_keeps_nodes_for_reports(report_plan):
     jsonschema.validate(json.loads(both.to_json()), report.SCHEMA)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 item 8: Plan.__str__'s header (remat/plan.py, the lead's file) still "
-                                       "counts parameters; drop this marker with that change")
 def test_table_header_and_summary_count_the_same_saved_tensors(report_plan):
     """Both count saved activations; parameters and buffers (saved at no cost) are listed apart."""
     import re

@@ -68,14 +68,14 @@ class Totals:
     predicted_peak_bytes: int
     eager_peak_bytes: int
     peak_floor_bytes: int = 0
-    """No plan for the graph has a smaller predicted peak (``Plan.peak_floor_bytes``)."""
+    """No remat plan for the graph has a smaller predicted peak (``Plan.peak_floor_bytes``)."""
 
     def peak_line(self) -> str:
         """One line on the step's predicted peak, or ``""`` when unknown (several graphs)."""
         if not self.predicted_peak_bytes:
             return ""
         return (f"peak: predicted {format_bytes(self.predicted_peak_bytes)} for one training step (eager "
-                f"autograd: {format_bytes(self.eager_peak_bytes)}; no plan goes under "
+                f"autograd: {format_bytes(self.eager_peak_bytes)}; remat's model puts none of its plans under "
                 f"{format_bytes(self.peak_floor_bytes)})")
 
     def line(self) -> str:
