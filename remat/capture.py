@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import compat
+from . import compat, distributed
 from .options import Options
 from .partition import make_partition_fn
 from .plan import Plan
@@ -57,6 +57,7 @@ class RematBackend:
         self.frontiers.append(frontier)
         if self.explain_only:
             raise _Planned()
+        distributed.check_ranks_agree(plan)  # Note [Ranks agree on plans]; no-op outside torch.distributed
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         where = compat.graph_break(gm)
