@@ -33,7 +33,9 @@ wrapped, as one graph keeps (``remat.explain`` on one rank's batch, with the sam
 difference ("split cost") is what graph splits cost in saved bytes. Under FSDP per block remat
 plans the blocks only (embeddings, head and loss run outside it), so there the split cost is
 taken against the unsplit plan's saved bytes in the blocks (by module path; a value at a block
-boundary counts for the block that computes it).
+boundary counts for the block that computes it). With a budget the unsplit plan is chosen under
+the same budget for the whole model as one graph, while the split model's graphs each get it
+whole, so there the "split cost" also shows that a budget is per graph.
 
 Writes ``distributed.json`` (after every row) and ``distributed.md`` to ``--out`` (rank 0).
 """
@@ -297,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; tiny: eager)")
     parser.add_argument("--remat-backend", default=None, choices=["inductor", "eager"],
                         help="remat's backend (default inductor; tiny: eager)")
+    parser.add_argument("--ckpt-peak-mib", type=float, default=None,
+                        help="budget of 'remat @ckpt peak' when compile+ckpt is not measured in this run "
+                             "(e.g. from an earlier run's JSON, per model and wrapper: run them one at a time)")
     parser.add_argument("--out", default=None, help="directory for distributed.json and distributed.md")
     args = parser.parse_args(argv)
     args.compile_backend = args.compile_backend or ("eager" if args.tiny else "inductor")
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict] = []
     for name in args.models:
         for wrapper in args.wrappers:
-            ckpt_peak = None
+            ckpt_peak = None if args.ckpt_peak_mib is None else args.ckpt_peak_mib * MiB
             for strategy in args.strategies:
                 try:
                     row = measure(name, wrapper, strategy, args, device, dtype, ckpt_peak)
@@ -330,8 +335,8 @@ def main(argv: list[str] | None = None) -> None:
                            "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
                     if rank == 0:
                         traceback.print_exc()
-                if strategy == "compile+ckpt":
-                    ckpt_peak = row.get("peak_bytes")
+                if strategy == "compile+ckpt" and row.get("peak_bytes"):
+                    ckpt_peak = row["peak_bytes"]
                 cleanup(device)
                 rows.append(row)
                 if rank == 0:

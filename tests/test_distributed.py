@@ -1,6 +1,6 @@
 """remat under torch.distributed: DDP and FSDP2 compositions on CPU with gloo, 2 processes.
 
-Each test spawns two ranks (``torch.multiprocessing.spawn``, a free port chosen at runtime) that
+Each test marked ``slow`` spawns two ranks (``torch.multiprocessing.spawn``, a free port chosen at runtime) that
 train a 3-block MLP for two optimizer steps on halves of one global batch; the parent trains the
 same model in one process with eager autograd on the whole batch, and the gradients of the
 second step and the parameters after it must match up to float32 rounding. The ranks also
@@ -267,6 +267,7 @@ def _assert_matches(results: list[dict], reference: dict) -> None:
                 torch.testing.assert_close(r[what][n], want, msg=lambda m, n=n, w=what: f"rank {rank} {w} {n}: {m}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("composition", sorted(COMPOSITIONS))
 def test_composition_matches_single_process_eager(composition, reference, tmp_path):
     results = spawn(tmp_path, "train", composition)
@@ -286,6 +287,7 @@ def test_composition_matches_single_process_eager(composition, reference, tmp_pa
 
 
 @pytest.mark.inductor
+@pytest.mark.slow
 def test_fsdp_per_block_inductor_matches_single_process_eager(reference, tmp_path):
     results = spawn(tmp_path, "train", "inductor:fsdp_per_block")
     for r in results:  # Inductor's C++ kernels sum in another order: a looser float32 tolerance
@@ -295,6 +297,7 @@ def test_fsdp_per_block_inductor_matches_single_process_eager(reference, tmp_pat
     assert results[0]["graphs"] == 3
 
 
+@pytest.mark.slow
 def test_functional_collective_is_never_recomputed(tmp_path):
     results = spawn(tmp_path, "allreduce")
     for r in results:
@@ -307,6 +310,7 @@ def test_functional_collective_is_never_recomputed(tmp_path):
             torch.testing.assert_close(r["grads"][n], g)
 
 
+@pytest.mark.slow
 def test_ranks_that_plan_differently_raise(tmp_path):
     results = spawn(tmp_path, "disagree")
     assert results[0]["fingerprint"] != results[1]["fingerprint"]
@@ -317,6 +321,7 @@ def test_ranks_that_plan_differently_raise(tmp_path):
     assert "REMAT_CHECK_RANKS=0" in errors[0]
 
 
+@pytest.mark.slow
 def test_rank_check_can_be_turned_off(tmp_path):
     results = spawn(tmp_path, "disagree", env={"REMAT_CHECK_RANKS": "0"})
     assert [r["error"] for r in results] == [None, None]
