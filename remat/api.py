@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
-from . import compat
+from . import compat, distributed
 from .capture import RematBackend
 from .dynamo_errors import model_error, quiet_fake_tensor_errors
 from .errors import RematError
@@ -166,6 +166,7 @@ def checkpoint(
                 return wrapped._call_impl(*args, **kwargs)
             return _finish(rb, compiled(*args, **kwargs), 3)  # call <- Module.__call__ <- user
 
+        call._remat_call = True  # type: ignore[attr-defined]  # see _remat_modules
         wrapped.__dict__["_compiled_call_impl"] = call
         wrapped.__dict__[_ORIGINAL] = model  # in __dict__: not a submodule, no state_dict keys
         wrapped.__dict__["train"] = types.MethodType(_train, wrapped)
@@ -186,14 +187,106 @@ def checkpoint(
 
 
 def compiled_plans(model: Any) -> list[Plan]:
-    """The plans of the graphs a ``checkpoint``-wrapped model has compiled so far."""
-    rb = getattr(model, _ATTR, None) if not isinstance(model, nn.Module) else model.__dict__.get(_ATTR)
-    if rb is None:
+    """The plans of the graphs a ``checkpoint``-wrapped model has compiled so far, in capture
+    order. Works through wrappers: a model that contains remat-wrapped modules (``DDP(wrapped)``,
+    remat per block, FSDP2's ``fully_shard`` on either) gives each wrapped module's plans,
+    modules in ``named_modules`` order (the outermost wrapped ones)."""
+    if not isinstance(model, nn.Module):
+        rb = getattr(model, _ATTR, None)
+        subs = []
+    else:
+        subs = _remat_modules(model)
+        rb = subs[0].__dict__[_ATTR] if len(subs) == 1 else None
+    if rb is None and not subs:
         raise RematError(
-            f"remat: compiled_plans expects a model returned by remat.checkpoint, got "
-            f"{type(model).__name__}. Wrap it first: model = remat.checkpoint(model)."
+            f"remat: compiled_plans expects a model returned by remat.checkpoint (or a module "
+            f"containing one: remat per block, DDP, FSDP2), got {type(model).__name__} with no "
+            "remat-wrapped module in it. Wrap it first: model = remat.checkpoint(model)."
         )
-    return list(rb.plans)
+    if rb is not None:
+        return list(rb.plans)
+    return [p for m in subs for p in m.__dict__[_ATTR].plans]
+
+
+# --- through wrappers: DDP, FSDP2, torch.compile, remat per block ----------------------------------
+
+
+def _remat_modules(model: nn.Module) -> list[nn.Module]:
+    """The outermost remat-wrapped modules in ``model`` (``model`` itself if it is one), in
+    ``named_modules`` order. Raises if one of them can no longer run remat: torch.compile was
+    applied over it (``torch.compile(wrapped)``: Dynamo inlines the module's ``forward`` and
+    remat's backend never runs), or ``Module.compile()`` replaced its compiled call."""
+    found: list[nn.Module] = []
+    seen: set[int] = set()
+
+    def visit(m: nn.Module, path: str, compiled_over: str | None) -> None:
+        if id(m) in seen:
+            return
+        seen.add(id(m))
+        if _ATTR in m.__dict__:
+            if compiled_over is not None:
+                _raise_compiled_over(compiled_over, path)
+            if not getattr(m.__dict__.get("_compiled_call_impl"), "_remat_call", False):
+                _raise_compiled_over(f"{path or type(m).__name__} (Module.compile())", path)
+            found.append(m)
+            return
+        if compiled_over is None and isinstance(m._modules.get("_orig_mod"), nn.Module):  # OptimizedModule
+            compiled_over = path or type(m).__name__
+        for name, child in m._modules.items():
+            if child is not None:
+                visit(child, f"{path}.{name}" if path else name, compiled_over)
+
+    visit(model, "", None)
+    return found
+
+
+def _raise_compiled_over(where: str, path: str) -> None:
+    raise RematError(
+        f"remat: torch.compile was applied over a remat-wrapped module (compiled: {where}; "
+        f"remat-wrapped: {path or 'the model'}). torch.compile inlines it and remat never plans it. "
+        "Expected remat.checkpoint in place of torch.compile, not under it: in torchtitan's order, "
+        "remat.checkpoint(block) for each block (it replaces both activation checkpointing and "
+        "torch.compile), then fully_shard(block) for each block and fully_shard(model) on the root; "
+        "or DDP(remat.checkpoint(model))."
+    )
+
+
+def _probe_blocks(model: nn.Module, subs: list[nn.Module], args: tuple, kwargs: dict, overrides: dict[str, Any],
+                  want_frontier: bool) -> RematBackend:
+    """Explain a model whose submodules are remat-wrapped (remat per block): run ``model`` once
+    with each wrapped module's compiled call replaced by a probe with that module's options
+    (restored afterwards); plans come back in call order. The rest of the model runs as written,
+    FSDP2's hooks included (their collectives need every rank to call explain)."""
+    merged = RematBackend(Options(), explain_only=True, want_frontier=want_frontier)
+
+    def probe_call(sub: nn.Module) -> Callable[..., Any]:
+        options = sub.__dict__[_ATTR].options
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if given:
+            options = dataclasses.replace(options, **given)
+        probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
+        compiled = _rethrow_remat_errors(torch.compile(_entry(sub), backend=probe, dynamic=options.dynamic))
+
+        def run(*a: Any, **k: Any) -> Any:
+            out = compiled(*a, **k)
+            merged.plans.extend(probe.plans)
+            merged.frontiers.extend(probe.frontiers)
+            probe.plans.clear()
+            probe.frontiers.clear()
+            return out
+
+        return run
+
+    calls = {id(sub): (sub, sub.__dict__["_compiled_call_impl"]) for sub in subs}
+    try:
+        for sub in subs:
+            sub.__dict__["_compiled_call_impl"] = probe_call(sub)
+        with torch.enable_grad(), distributed.unsplit_by_ddp():
+            model(*args, **kwargs)
+    finally:
+        for sub, call in calls.values():
+            sub.__dict__["_compiled_call_impl"] = call
+    return merged
 
 
 def _version(t: torch.Tensor | None) -> int:
@@ -248,6 +341,11 @@ def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
 
 def _probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], want_frontier: bool) -> RematBackend:
     if isinstance(model, nn.Module):
+        subs = _remat_modules(model)
+        if subs and subs[0] is not model:
+            with _untouched(model, args, kwargs):
+                probe = _probe_blocks(model, subs, args, kwargs, overrides, want_frontier)
+            return _found_graphs(probe)
         rb = model.__dict__.get(_ATTR)
         fn: Callable[..., Any] = _entry(model)
     elif callable(model):
@@ -265,8 +363,12 @@ def _probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], wan
     probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
     eager = model._call_impl if isinstance(model, nn.Module) else fn
     compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic), eager)
-    with _untouched(model, args, kwargs), torch.enable_grad():
+    with _untouched(model, args, kwargs), torch.enable_grad(), distributed.unsplit_by_ddp():
         compiled(*args, **kwargs)
+    return _found_graphs(probe)
+
+
+def _found_graphs(probe: RematBackend) -> RematBackend:
     if not probe.plans:
         raise RematError(
             "remat: explain found no training graph: nothing in this call requires grad (or "
@@ -293,7 +395,14 @@ def explain(
     The forward runs once, uncompiled, and the model is left as it was: parameters, buffers
     (BatchNorm statistics), ``.grad`` and the CPU/CUDA random generators are restored. Nothing
     is compiled or trained. An infeasible ``budget`` raises ``remat.InfeasibleBudgetError``
-    here, before any training step."""
+    here, before any training step.
+
+    Through wrappers as ``compiled_plans``: a model containing remat-wrapped modules
+    (``DDP(wrapped)``, remat per block under FSDP2) runs once as written, each wrapped module
+    planned with its own options; their plans are combined in call order. The wrappers' forward
+    runs too (FSDP2's all-gathers are collectives: call explain on every rank). Under DDP the
+    model is planned as one graph, not split at gradient buckets as in training
+    (``remat.distributed.unsplit_by_ddp``)."""
     overrides = {"budget": budget, "backend": backend, "policy": policy, "device_model": device_model}
     return Plan.combine(_probe(model, args, kwargs, overrides, want_frontier=False).plans)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import compat
+from . import compat, distributed
 from .backends import backend_for
 from .logs import planning, warn_at_user
 from .options import Options
@@ -97,6 +97,7 @@ class RematBackend:
         self.frontiers.append(frontier)
         if self.explain_only:
             raise _Planned()
+        distributed.check_ranks_agree(plan)  # Note [Ranks agree on plans]; no-op outside torch.distributed
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         where = compat.graph_break(gm)

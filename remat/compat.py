@@ -32,6 +32,8 @@ __all__ = [
     "default_partition",
     "register_backend",
     "no_autograd_cache",
+    "default_store",
+    "dynamo_config_patch",
     "size_hint",
     "graph_break",
     "is_sym",
@@ -85,6 +87,21 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
 def no_autograd_cache() -> Any:
     """Turn off the AOTAutograd cache (its key ignores the partitioner). 2.11, 2.13."""
     return functorch_config.patch(enable_autograd_cache=False)
+
+
+def default_store() -> Any:
+    """The default process group's key-value store: ``distributed_c10d._get_default_store``
+    (checked on 2.13)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def dynamo_config_patch(**changes: Any) -> Any:
+    """``torch._dynamo.config.patch`` (``optimize_ddp``: checked on 2.11, 2.13)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(**changes)
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> None:

@@ -1,0 +1,369 @@
+"""remat under torch.distributed: DDP and FSDP2 compositions on CPU with gloo, 2 processes.
+
+Each test marked ``slow`` spawns two ranks (``torch.multiprocessing.spawn``, a free port chosen at runtime) that
+train a 3-block MLP for two optimizer steps on halves of one global batch; the parent trains the
+same model in one process with eager autograd on the whole batch, and the gradients of the
+second step and the parameters after it must match up to float32 rounding. The ranks also
+all-gather their plans' fingerprints (``remat.distributed.fingerprint``), which must be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat.distributed import fingerprint
+
+dist = pytest.importorskip("torch.distributed")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
+
+WORLD = 2
+D = 256
+"""Width of the test model: each block holds 2.1 MB of parameters, so DDP with 1 MB buckets (the
+smallest Dynamo's DDPOptimizer accepts) splits the 3-block model into several graphs."""
+GLOBAL_BATCH = (4, 4, D)
+LR = 0.1
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = D):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, blocks: int = 3, d: int = D):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class AllReduceModel(nn.Module):
+    """``h = all_reduce(fc1(x))`` feeds a pointwise chain, and ``fc1(x)`` is saved anyway (for
+    ``sin``'s backward): if the collective were recomputable, the cheapest cut would save
+    ``fc1(x)`` alone and run the all-reduce again in the backward."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed import _functional_collectives as fc
+
+        a = self.fc1(x)
+        h = fc.all_reduce(a, "sum", dist.group.WORLD)
+        return self.fc2(torch.tanh(h) * h) + a.sin()
+
+
+def loss_of(y: torch.Tensor) -> torch.Tensor:
+    return y.float().square().mean()
+
+
+def global_batch() -> torch.Tensor:
+    return torch.randn(*GLOBAL_BATCH, generator=torch.Generator().manual_seed(1))
+
+
+def fresh_model() -> Model:
+    torch.manual_seed(0)
+    return Model()
+
+
+# --- the compositions (what README "Distributed training" lists) -----------------------------------
+
+
+def ddp_outer(m: nn.Module, backend: str) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return remat.checkpoint(DDP(m, bucket_cap_mb=1), backend=backend)
+
+
+def ddp_inner(m: nn.Module, backend: str) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(remat.checkpoint(m, backend=backend), bucket_cap_mb=1)
+
+
+def fsdp_per_block(m: nn.Module, backend: str) -> nn.Module:
+    """torchtitan's order: remat per block (in place of checkpointing + compile), then
+    ``fully_shard`` per block and on the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for i, block in enumerate(m.blocks):
+        m.blocks[i] = remat.checkpoint(block, backend=backend)
+    for block in m.blocks:
+        fully_shard(block)
+    fully_shard(m)
+    return m
+
+
+def fsdp_whole(m: nn.Module, backend: str) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(m)
+    return remat.checkpoint(m, backend=backend)
+
+
+COMPOSITIONS = {f.__name__: f for f in (ddp_outer, ddp_inner, fsdp_per_block, fsdp_whole)}
+
+
+# --- spawning ----------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out: str, case: str, arg: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    try:
+        result = CASES[case](rank, arg)
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(tmp_path: Path, case: str, arg: str = "", env: dict[str, str] | None = None) -> list[dict]:
+    """Run ``CASES[case](rank, arg)`` on two gloo ranks; each returns a dict, loaded here."""
+    import torch.multiprocessing as mp
+
+    old = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        mp.spawn(_worker, args=(_free_port(), str(tmp_path), case, arg), nprocs=WORLD, join=True)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2's sharded parameters and gradients) gathered whole: a collective."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def _name(n: str) -> str:
+    return n.removeprefix("module.")
+
+
+def _gathered_fingerprints(plans: list[remat.Plan]) -> list[list[str]]:
+    mine = [fingerprint(p) for p in plans]
+    every: list = [None] * WORLD
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _train_case(rank: int, composition: str) -> dict:
+    backend, _, composition = composition.rpartition(":")
+    m = fresh_model()
+    x = global_batch().chunk(WORLD)[rank]
+    wrapped = COMPOSITIONS[composition](m, backend or "eager")
+    opt = torch.optim.SGD(wrapped.parameters(), lr=LR)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss_of(wrapped(x)).backward()
+        grads = {_name(n): _full(p.grad) for n, p in wrapped.named_parameters()}
+        opt.step()
+    params = {_name(n): _full(p) for n, p in wrapped.named_parameters()}
+    plans = remat.compiled_plans(wrapped)
+    explained = remat.explain(wrapped, x)
+    return {
+        "grads": grads,
+        "params": params,
+        "graphs": len(plans),
+        "fingerprints": _gathered_fingerprints(plans),
+        "explained": fingerprint(explained),
+        "explained_graphs": explained.graphs,
+        "compiled": fingerprint(remat.Plan.combine(plans)),
+    }
+
+
+def _allreduce_case(rank: int, _: str) -> dict:
+    torch.manual_seed(0)
+    m = AllReduceModel()
+    ref = copy.deepcopy(m)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
+    wrapped = remat.checkpoint(m, backend="eager")
+    loss_of(wrapped(x)).backward()
+    loss_of(ref(x)).backward()
+    plan = remat.compiled_plans(wrapped)[0]
+    return {
+        "collective_nodes": [(n.op, n.status) for n in plan.nodes if "c10d" in n.op],
+        "recomputed_ops": list(plan.recomputed_ops),
+        "saved_ops": [s.op for s in plan.saved],
+        "grads": {n: p.grad for n, p in wrapped.named_parameters()},
+        "ref_grads": {n: p.grad for n, p in ref.named_parameters()},
+    }
+
+
+def _disagree_case(rank: int, _: str) -> dict:
+    """Rank 0 forces a value saved that rank 1's default plan recomputes: the plans differ."""
+    m = fresh_model()
+    policy = remat.save(ops="aten.erf") if rank == 0 else None
+    wrapped = remat.checkpoint(m, backend="eager", policy=policy)
+    x = global_batch().chunk(WORLD)[rank]
+    try:
+        loss_of(wrapped(x)).backward()
+    except remat.RematError as e:
+        error = str(e)
+    else:
+        error = None
+    return {"error": error, "fingerprint": fingerprint(remat.compiled_plans(wrapped)[0])}
+
+
+CASES = {"train": _train_case, "allreduce": _allreduce_case, "disagree": _disagree_case}
+
+
+# --- the reference and the tests ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """Single-process eager autograd on the global batch: the second step's gradients and the
+    parameters after it."""
+    m = fresh_model()
+    x = global_batch()
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss_of(m(x)).backward()
+        grads = {n: p.grad.detach().clone() for n, p in m.named_parameters()}
+        opt.step()
+    return {"grads": grads, "params": {n: p.detach().clone() for n, p in m.named_parameters()}}
+
+
+def _assert_matches(results: list[dict], reference: dict) -> None:
+    for rank, r in enumerate(results):
+        for what in ("grads", "params"):
+            assert r[what].keys() == reference[what].keys(), (rank, what)
+            for n, want in reference[what].items():
+                torch.testing.assert_close(r[what][n], want, msg=lambda m, n=n, w=what: f"rank {rank} {w} {n}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("composition", sorted(COMPOSITIONS))
+def test_composition_matches_single_process_eager(composition, reference, tmp_path):
+    results = spawn(tmp_path, "train", composition)
+    _assert_matches(results, reference)
+    r0 = results[0]
+    # Every rank chose the same plan for every graph (the all-gathered fingerprints agree).
+    assert all(fps == r0["fingerprints"][0] for r in results for fps in r["fingerprints"])
+    assert len(r0["fingerprints"][0]) == r0["graphs"]
+    if composition.startswith("ddp"):
+        assert r0["graphs"] > 1, "DDP with 1 MB buckets splits the 6 MB model into several graphs"
+        # explain plans the model unsplit, as one graph.
+        assert r0["explained_graphs"] == 1
+    else:  # explain plans what training planned, through the wrapper
+        assert all(r["explained"] == r["compiled"] for r in results)
+    if composition == "fsdp_per_block":
+        assert r0["graphs"] == 3
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_fsdp_per_block_inductor_matches_single_process_eager(reference, tmp_path):
+    results = spawn(tmp_path, "train", "inductor:fsdp_per_block")
+    for r in results:  # Inductor's C++ kernels sum in another order: a looser float32 tolerance
+        for n, want in reference["grads"].items():
+            torch.testing.assert_close(r["grads"][n], want, rtol=1e-4, atol=1e-5)
+    assert results[0]["fingerprints"][0] == results[0]["fingerprints"][1]
+    assert results[0]["graphs"] == 3
+
+
+@pytest.mark.slow
+def test_functional_collective_is_never_recomputed(tmp_path):
+    results = spawn(tmp_path, "allreduce")
+    for r in results:
+        ops = {op for op, _ in r["collective_nodes"]}
+        assert "_c10d_functional.all_reduce.default" in ops  # the collective is in the planned graph
+        assert all(status != "recomputed" for _, status in r["collective_nodes"]), r["collective_nodes"]
+        assert not [op for op in r["recomputed_ops"] if "c10d" in op]
+        assert "_c10d_functional.wait_tensor.default" in r["saved_ops"]  # its result is saved instead
+        for n, g in r["ref_grads"].items():
+            torch.testing.assert_close(r["grads"][n], g)
+
+
+@pytest.mark.slow
+def test_ranks_that_plan_differently_raise(tmp_path):
+    results = spawn(tmp_path, "disagree")
+    assert results[0]["fingerprint"] != results[1]["fingerprint"]
+    errors = [r["error"] for r in results if r["error"]]
+    assert len(errors) == 1, "the last rank to plan the graph reports the disagreement"
+    assert errors[0].startswith("remat: the ranks chose different plans for training graph #0")
+    assert "rank 0: " in errors[0] and "rank 1: " in errors[0]
+    assert "REMAT_CHECK_RANKS=0" in errors[0]
+
+
+@pytest.mark.slow
+def test_rank_check_can_be_turned_off(tmp_path):
+    results = spawn(tmp_path, "disagree", env={"REMAT_CHECK_RANKS": "0"})
+    assert [r["error"] for r in results] == [None, None]
+    assert results[0]["fingerprint"] != results[1]["fingerprint"]
+
+
+# --- one process: fingerprints, and torch.compile over a remat-wrapped module ------------------------
+
+
+def test_fingerprint_is_stable_and_tells_plans_apart():
+    torch.manual_seed(0)
+    m = Model(blocks=1, d=16)
+    x = torch.randn(2, 4, 16)
+    a = remat.explain(remat.checkpoint(m, backend="eager"), x)
+    b = remat.explain(remat.checkpoint(copy.deepcopy(m), backend="eager"), x)
+    c = remat.explain(remat.checkpoint(m, backend="eager", policy=remat.save(ops="aten.erf")), x)
+    assert fingerprint(a) == fingerprint(b)
+    assert len(fingerprint(a)) == 16
+    assert fingerprint(a) != fingerprint(c)
+
+
+def test_compiled_plans_lists_per_block_plans_in_module_order():
+    torch.manual_seed(0)
+    m = Model(blocks=3, d=16)
+    for i in (2, 0):  # wrap out of order; plans still come in module order
+        m.blocks[i] = remat.checkpoint(m.blocks[i], backend="eager")
+    loss_of(m(torch.randn(2, 4, 16))).backward()
+    plans = remat.compiled_plans(m)
+    assert len(plans) == 2
+    assert plans == remat.compiled_plans(m.blocks[0]) + remat.compiled_plans(m.blocks[2])
+    assert remat.explain(m, torch.randn(2, 4, 16)).graphs == 2
+
+
+def test_torch_compile_over_remat_raises_naming_the_supported_order():
+    torch.manual_seed(0)
+    m = Model(blocks=2, d=16)
+    m.blocks[0] = remat.checkpoint(m.blocks[0], backend="eager")
+    compiled = torch.compile(m, backend="eager")
+    with pytest.raises(remat.RematError, match=r"remat: torch.compile was applied over a remat-wrapped module.*"
+                       r"fully_shard\(block\) for each block"):
+        remat.compiled_plans(compiled)
+    block = remat.checkpoint(Block(16), backend="eager")
+    block.compile(backend="eager")
+    with pytest.raises(remat.RematError, match=r"Module.compile\(\)"):
+        remat.explain(block, torch.randn(2, 16))
