@@ -69,10 +69,13 @@ MiB = 2**20
 # --- models --------------------------------------------------------------------------------------
 
 
-def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, tuple[int, int]]:
-    """The seeded model (same weights on every rank) and the per-rank batch (sequences, tokens)."""
+def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype,
+          batch: tuple[int, int] | None = None) -> tuple[nn.Module, tuple[int, int]]:
+    """The seeded model (same weights on every rank) and the per-rank batch (sequences, tokens;
+    ``batch`` overrides the benchmark's)."""
     import transformers
 
+    override = batch
     torch.manual_seed(0)
     if name == "gpt2":
         kw = (dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=512) if tiny else
@@ -89,7 +92,7 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> tu
     else:
         raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
     model.config.use_cache = False
-    return model.to(device=device, dtype=dtype).train(), batch
+    return model.to(device=device, dtype=dtype).train(), batch if override is None else override
 
 
 def blocks_of(model: nn.Module) -> nn.ModuleList:
@@ -190,7 +193,7 @@ def unsplit_plan(name: str, args: argparse.Namespace, device: torch.device, dtyp
                  ids: torch.Tensor, budget: int | None) -> dict:
     """Saved bytes and graphs of remat's plan of the model alone (no wrapper: one graph), and the
     part of the saved bytes in the transformer blocks (by module path), for FSDP per block."""
-    model, _ = build(name, args.tiny, device, dtype)
+    model, _ = build(name, args.tiny, device, dtype, args.batch)
     prefix = "transformer.h." if name == "gpt2" else "model.layers."
     try:
         plan = remat.explain(remat.checkpoint(model, backend=args.remat_backend), input_ids=ids, labels=ids,
@@ -212,7 +215,7 @@ def cleanup(device: torch.device) -> None:
 def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, device: torch.device,
             dtype: torch.dtype, ckpt_peak: float | None) -> dict:
     rank = dist.get_rank()
-    model, (batch, seq) = build(name, args.tiny, device, dtype)
+    model, (batch, seq) = build(name, args.tiny, device, dtype, args.batch)
     gen = torch.Generator().manual_seed(1000 + rank)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=gen).to(device)
     budget = int(ckpt_peak) if strategy == "remat @ckpt peak" and ckpt_peak else None
@@ -299,6 +302,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; tiny: eager)")
     parser.add_argument("--remat-backend", default=None, choices=["inductor", "eager"],
                         help="remat's backend (default inductor; tiny: eager)")
+    parser.add_argument("--batch", type=int, nargs=2, default=None, metavar=("SEQUENCES", "TOKENS"),
+                        help="per-rank batch instead of the benchmark's (GPT-2 8 1024, Llama 8 2048)")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                        help="default: bf16 on GPUs, fp32 on CPU")
     parser.add_argument("--ckpt-peak-mib", type=float, default=None,
                         help="budget of 'remat @ckpt peak' when compile+ckpt is not measured in this run "
                              "(e.g. from an earlier run's JSON, per model and wrapper: run them one at a time)")
@@ -314,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         device, dtype = torch.device("cuda", local_rank), torch.bfloat16
     else:
         device, dtype = torch.device("cpu"), torch.float32
+    if args.dtype:
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     rank = dist.get_rank()
     import transformers
