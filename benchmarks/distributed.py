@@ -30,7 +30,8 @@ allocation timeline, ``remat.compat.measure_cpu_peak_bytes``). "graphs" is the
 number of plans remat made on a rank (``remat.compiled_plans``); "saved" is the bytes those
 plans keep for the backward, and "unsplit saved" the bytes remat's plan of the same model, not
 wrapped, as one graph keeps (``remat.explain`` on one rank's batch, with the same budget); their
-difference ("split cost") is what graph splits cost in saved bytes. Under FSDP per block remat
+difference ("split cost") is what graph splits cost in saved bytes, also given as a fraction of
+remat's saving on the unsplit graph (eager autograd's saved bytes minus remat's there). Under FSDP per block remat
 plans the blocks only (embeddings, head and loss run outside it), so there the split cost is
 taken against the unsplit plan's saved bytes in the blocks (by module path; a value at a block
 boundary counts for the block that computes it). With a budget the unsplit plan is chosen under
@@ -69,10 +70,13 @@ MiB = 2**20
 # --- models --------------------------------------------------------------------------------------
 
 
-def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, tuple[int, int]]:
-    """The seeded model (same weights on every rank) and the per-rank batch (sequences, tokens)."""
+def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype,
+          batch: tuple[int, int] | None = None) -> tuple[nn.Module, tuple[int, int]]:
+    """The seeded model (same weights on every rank) and the per-rank batch (sequences, tokens;
+    ``batch`` overrides the benchmark's)."""
     import transformers
 
+    override = batch
     torch.manual_seed(0)
     if name == "gpt2":
         kw = (dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=512) if tiny else
@@ -89,7 +93,7 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> tu
     else:
         raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
     model.config.use_cache = False
-    return model.to(device=device, dtype=dtype).train(), batch
+    return model.to(device=device, dtype=dtype).train(), batch if override is None else override
 
 
 def blocks_of(model: nn.Module) -> nn.ModuleList:
@@ -190,12 +194,13 @@ def unsplit_plan(name: str, args: argparse.Namespace, device: torch.device, dtyp
                  ids: torch.Tensor, budget: int | None) -> dict:
     """Saved bytes and graphs of remat's plan of the model alone (no wrapper: one graph), and the
     part of the saved bytes in the transformer blocks (by module path), for FSDP per block."""
-    model, _ = build(name, args.tiny, device, dtype)
+    model, _ = build(name, args.tiny, device, dtype, args.batch)
     prefix = "transformer.h." if name == "gpt2" else "model.layers."
     try:
         plan = remat.explain(remat.checkpoint(model, backend=args.remat_backend), input_ids=ids, labels=ids,
                              budget=budget)
         return {"unsplit_saved_bytes": plan.saved_bytes, "unsplit_graphs": plan.graphs,
+                "unsplit_eager_saved_bytes": plan.eager_saved_bytes,
                 "unsplit_block_saved_bytes": sum(s.nbytes for s in plan.saved if s.module.startswith(prefix))}
     finally:
         del model
@@ -212,7 +217,7 @@ def cleanup(device: torch.device) -> None:
 def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, device: torch.device,
             dtype: torch.dtype, ckpt_peak: float | None) -> dict:
     rank = dist.get_rank()
-    model, (batch, seq) = build(name, args.tiny, device, dtype)
+    model, (batch, seq) = build(name, args.tiny, device, dtype, args.batch)
     gen = torch.Generator().manual_seed(1000 + rank)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=gen).to(device)
     budget = int(ckpt_peak) if strategy == "remat @ckpt peak" and ckpt_peak else None
@@ -239,6 +244,7 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
         plans = remat.compiled_plans(fn)
         row["graphs"] = len(plans)
         row["saved_bytes"] = sum(p.saved_bytes for p in plans)
+        row["eager_saved_bytes"] = sum(p.eager_saved_bytes for p in plans)
         row["predicted_peak_bytes_max_graph"] = max(p.predicted_peak_bytes for p in plans)
         del fn, model
         cleanup(device)
@@ -247,6 +253,8 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
         # head and loss run outside it), so compare with the unsplit plan's bytes in the blocks.
         same = row["unsplit_saved_bytes"] if wrapper == "ddp" else row["unsplit_block_saved_bytes"]
         row["split_cost_bytes"] = row["saved_bytes"] - same
+        saving = row["unsplit_eager_saved_bytes"] - row["unsplit_saved_bytes"]  # remat's saving, one graph
+        row["split_cost_of_saving"] = round(row["split_cost_bytes"] / saving, 4) if saving > 0 else None
     return row
 
 
@@ -259,7 +267,7 @@ def mib(n: float | None) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | wrapper | strategy | step ms | peak MiB | graphs | saved MiB | unsplit saved MiB (in blocks) "
-             "| split cost MiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "| split cost MiB (of saving) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r["model"], r["wrapper"], r["strategy"]]
         if "error" in r:
@@ -269,7 +277,8 @@ def markdown(rows: list[dict]) -> str:
         if "graphs" in r:
             cells += [str(r["graphs"]), mib(r["saved_bytes"]),
                       f"{mib(r['unsplit_saved_bytes'])} ({mib(r['unsplit_block_saved_bytes'])})",
-                      mib(r["split_cost_bytes"])]
+                      mib(r["split_cost_bytes"]) + ("" if r.get("split_cost_of_saving") is None
+                                                     else f" ({r['split_cost_of_saving']:.1%})")]
         else:
             cells += ["-"] * 4
         lines.append("| " + " | ".join(cells) + " |")
@@ -299,6 +308,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; tiny: eager)")
     parser.add_argument("--remat-backend", default=None, choices=["inductor", "eager"],
                         help="remat's backend (default inductor; tiny: eager)")
+    parser.add_argument("--batch", type=int, nargs=2, default=None, metavar=("SEQUENCES", "TOKENS"),
+                        help="per-rank batch instead of the benchmark's (GPT-2 8 1024, Llama 8 2048)")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                        help="default: bf16 on GPUs, fp32 on CPU")
     parser.add_argument("--ckpt-peak-mib", type=float, default=None,
                         help="budget of 'remat @ckpt peak' when compile+ckpt is not measured in this run "
                              "(e.g. from an earlier run's JSON, per model and wrapper: run them one at a time)")
@@ -314,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
         device, dtype = torch.device("cuda", local_rank), torch.bfloat16
     else:
         device, dtype = torch.device("cpu"), torch.float32
+    if args.dtype:
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     rank = dist.get_rank()
     import transformers

@@ -100,6 +100,7 @@ class RematBackend:
         distributed.check_ranks_agree(plan)  # Note [Ranks agree on plans]; no-op outside torch.distributed
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        clean_module_paths(gm)
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
@@ -115,6 +116,17 @@ class RematBackend:
                     return gm.forward
                 cause = cause.__cause__
             raise
+
+
+def clean_module_paths(gm: fx.GraphModule) -> None:
+    """Drop the ``.forward.__self__`` step Dynamo puts in the module paths of modules it reached
+    through a wrapped module's own ``forward`` method (Note [One frame per wrapped module] in
+    ``remat/api.py``): ``m.forward.__self__`` is ``m``."""
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack and any(".forward.__self__" in v[0] for v in stack.values()):
+            node.meta["nn_module_stack"] = {k: (v[0].replace(".forward.__self__", ""), *v[1:])
+                                            for k, v in stack.items()}
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:

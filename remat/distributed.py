@@ -111,7 +111,10 @@ def check_ranks_agree(plan: Plan) -> None:
     store.set(f"{_KEY}/{n}/{rank}", f"{fingerprint(plan)} ({_describe(plan)})")
     if store.add(f"{_KEY}/{n}/count", 1) != size:
         return
-    values = [v.decode() for v in store.multi_get([f"{_KEY}/{n}/{r}" for r in range(size)])]
+    keys = [f"{_KEY}/{n}/{r}" for r in range(size)]
+    values = [v.decode() for v in store.multi_get(keys)]
+    for key in [*keys, f"{_KEY}/{n}/count"]:  # every rank is done with graph n: keep the store small
+        store.delete_key(key)
     if len(set(values)) == 1:
         return
     by_value: dict[str, list[int]] = {}

@@ -238,7 +238,41 @@ def _disagree_case(rank: int, _: str) -> dict:
     return {"error": error, "fingerprint": fingerprint(remat.compiled_plans(wrapped)[0])}
 
 
-CASES = {"train": _train_case, "allreduce": _allreduce_case, "disagree": _disagree_case}
+def _many_blocks_case(rank: int, model: str) -> dict:
+    """FSDP2 per block with more blocks than Dynamo's recompile limit (8): ours, or HF Llama's
+    decoder layers (whose class ``forward`` HF wraps, again in the subclass FSDP2 makes)."""
+    torch.manual_seed(0)
+    if model == "hf_llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        m = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=10,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
+                                         use_cache=False))
+        m.blocks = m.model.layers  # for fsdp_per_block
+        ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(rank))
+
+        def loss(f: nn.Module) -> torch.Tensor:
+            return f(input_ids=ids, labels=ids).loss
+    else:
+        m = Model(blocks=10, d=16)
+        x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(rank))
+
+        def loss(f: nn.Module) -> torch.Tensor:
+            return loss_of(f(x))
+    ref = copy.deepcopy(m)
+    wrapped = fsdp_per_block(m, "eager")
+    loss(wrapped).backward()
+    loss(ref).backward()
+    for p in ref.parameters():  # FSDP2 averages the gradients over ranks
+        dist.all_reduce(p.grad)
+        p.grad /= WORLD
+    return {"graphs": len(remat.compiled_plans(wrapped)),
+            "grads": {n: _full(p.grad) for n, p in wrapped.named_parameters()},
+            "ref_grads": {n: p.grad for n, p in ref.named_parameters()}}
+
+
+CASES = {"train": _train_case, "allreduce": _allreduce_case, "disagree": _disagree_case,
+         "many_blocks": _many_blocks_case}
 
 
 # --- the reference and the tests ----------------------------------------------------------------------
@@ -284,6 +318,20 @@ def test_composition_matches_single_process_eager(composition, reference, tmp_pa
         assert all(r["explained"] == r["compiled"] for r in results)
     if composition == "fsdp_per_block":
         assert r0["graphs"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["ours", "hf_llama"])
+def test_fsdp_per_block_plans_every_block_past_dynamos_recompile_limit(model, tmp_path):
+    """Each block's forward becomes its own Dynamo frame under FSDP2 (its hooks break the
+    graph); without a code object per wrapped block, blocks past the 8th ran unplanned
+    (Note [One frame per wrapped module] in remat/api.py)."""
+    if model == "hf_llama":
+        pytest.importorskip("transformers")
+    for r in spawn(tmp_path, "many_blocks", model):
+        assert r["graphs"] == 10
+        for n, g in r["ref_grads"].items():
+            torch.testing.assert_close(r["grads"][n], g)
 
 
 @pytest.mark.inductor
