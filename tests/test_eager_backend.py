@@ -24,3 +24,21 @@ def test_max_pool_is_kept_whole_and_gradients_equal_eager():
     # eager autograd saves the pooling's int64 indices; so does this plan (or recomputes them)
     indices = [s for s in plan.saved if s.dtype == "int64"]
     assert all(s.shape == (2, 4, 4, 4) for s in indices)
+
+
+def test_casts_run_as_aten_to_copy_with_the_same_result():
+    from remat.eager import _aten_casts
+
+    prim = torch.ops.prims.convert_element_type.default
+
+    def f(x, mask):
+        return prim(x, torch.bfloat16), prim(mask, torch.float32)
+
+    gm = torch.fx.symbolic_trace(f)
+    x, mask = torch.randn(8, 4).t(), torch.randn(4, 8) > 0
+    want = gm(x, mask)
+    assert _aten_casts(gm) == 2
+    assert not gm.graph.find_nodes(op="call_function", target=prim)
+    got = gm(x, mask)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
