@@ -292,7 +292,8 @@ def _probe_blocks(model: nn.Module, subs: list[nn.Module], args: tuple, kwargs: 
         if given:
             options = dataclasses.replace(options, **given)
         probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
-        compiled = _rethrow_remat_errors(torch.compile(_entry(sub), backend=probe, dynamic=options.dynamic))
+        compiled = _rethrow_remat_errors(torch.compile(_entry(sub), backend=probe, dynamic=options.dynamic),
+                                         sub._call_impl)
 
         def run(*a: Any, **k: Any) -> Any:
             out = compiled(*a, **k)

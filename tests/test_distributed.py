@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist  # noqa: E402
 import torch.nn as nn
 
 import remat
 from remat.distributed import fingerprint
 
-dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
 )
@@ -326,8 +326,6 @@ def test_fsdp_per_block_plans_every_block_past_dynamos_recompile_limit(model, tm
     """Each block's forward becomes its own Dynamo frame under FSDP2 (its hooks break the
     graph); without a code object per wrapped block, blocks past the 8th ran unplanned
     (Note [One frame per wrapped module] in remat/api.py)."""
-    if model == "hf_llama":
-        pytest.importorskip("transformers")
     for r in spawn(tmp_path, "many_blocks", model):
         assert r["graphs"] == 10
         for n, g in r["ref_grads"].items():
