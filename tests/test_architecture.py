@@ -71,7 +71,10 @@ def _modules() -> dict[str, ast.AST]:
 
 
 def _private(module: str) -> bool:
-    return module.split(".")[0] == "torch" and any(p.startswith("_") for p in module.split(".")[1:])
+    """A private torch module or attribute; ``torch.ops.<namespace>.<op>`` names ops (some
+    public ops start with ``_``, such as ``aten._to_copy``), not private API."""
+    parts = module.split(".")
+    return parts[0] == "torch" and parts[1:2] != ["ops"] and any(p.startswith("_") for p in parts[1:])
 
 
 def _dotted(node: ast.AST) -> str | None:
