@@ -167,7 +167,19 @@ class Plan:
 
     @classmethod
     def combine(cls, plans: list[Plan]) -> Plan:
-        """One plan for several graphs (graph breaks): names get a ``g<k>.`` prefix."""
+        """One plan for several graphs (graph breaks): names get a ``g<k>.`` prefix.
+
+        The step's predicted peak composes the graphs as the step runs them: the graphs' forwards
+        in capture order, then their backwards in reverse, so while graph ``k`` runs (either
+        way) the tensors every earlier graph saved are alive. The combined peak is the largest,
+        over ``k``, of graph ``k``'s own predicted peak plus the bytes graphs ``0..k-1`` save
+        (and the same for eager autograd's peak); a note says so. Activations passed from one
+        graph to the next are counted in both graphs' own peaks, not twice across them.
+
+        Each graph's own peak keeps its outputs alive to the end of its backward, as for the
+        last graph (the loss) it must; an earlier graph's outputs may die sooner (once the next
+        graph has saved what it needs), so the combination can over-predict: measured on CPU,
+        two linear+tanh halves split by a graph break, 28.3 MB against 33.5 MB predicted."""
         if len(plans) == 1:
             return plans[0]
         saved, rec, ops, notes, nodes = [], [], [], [], []
@@ -180,10 +192,23 @@ class Plan:
                       for n in p.nodes]
             if p.fallback:
                 notes.append(f"g{k}: fell back: {p.fallback}")
+        peak = eager_peak = before = eager_before = 0
+        for p in plans:
+            peak = max(peak, before + p.predicted_peak_bytes)
+            eager_peak = max(eager_peak, eager_before + p.eager_peak_bytes)
+            before += p.saved_bytes
+            eager_before += p.eager_saved_bytes
+        if all(p.predicted_peak_bytes for p in plans):
+            notes.append(f"peak of {len(plans)} graphs: the largest over graphs of its own predicted peak plus "
+                         "what the graphs before it save (forwards in order, backwards in reverse)")
+        else:
+            peak = eager_peak = 0  # a fallback graph has no prediction: the step's is unknown
         return cls(tuple(saved), tuple(rec), tuple(ops), sum(p.eager_saved_bytes for p in plans),
                    graphs=sum(p.graphs for p in plans), notes=tuple(notes), nodes=tuple(nodes),
                    recompute_flops=sum(p.recompute_flops for p in plans),
-                   recompute_seconds=sum(p.recompute_seconds for p in plans))
+                   recompute_seconds=sum(p.recompute_seconds for p in plans),
+                   predicted_peak_bytes=peak, eager_peak_bytes=eager_peak,
+                   peak_floor_bytes=max(p.peak_floor_bytes for p in plans) if peak else 0)
 
     def __str__(self) -> str:
         activations = sum(s.op != "parameter" for s in self.saved)

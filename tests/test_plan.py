@@ -81,3 +81,35 @@ def test_measured_saved_bytes_equal_plan(name, backend):
     measured = measured_saved_bytes(rm, x)
     (plan,) = remat.compiled_plans(rm)
     assert measured == plan.saved_bytes
+
+
+def test_combined_plan_predicts_the_step_across_graph_breaks():
+    """Two graphs (a graph break): the step's predicted peak is the largest, over graphs, of a
+    graph's own peak plus what the graphs before it save; the plan says how it was combined."""
+
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            h = torch.tanh(self.a(x))
+            torch._dynamo.graph_break()
+            return torch.tanh(self.b(h)).sum()
+
+    torch._dynamo.reset()
+    model, x = Broken(), torch.randn(128, 32, requires_grad=True)
+    rm = remat.checkpoint(model, backend="eager")
+    with pytest.warns(UserWarning, match="graph break"):
+        rm(x).backward()
+    plans = remat.compiled_plans(rm)
+    assert len(plans) == 2 and all(p.predicted_peak_bytes for p in plans)
+    combined = remat.Plan.combine(plans)
+    first, second = plans
+    assert combined.predicted_peak_bytes == max(first.predicted_peak_bytes,
+                                                first.saved_bytes + second.predicted_peak_bytes)
+    assert combined.eager_peak_bytes == max(first.eager_peak_bytes,
+                                            first.eager_saved_bytes + second.eager_peak_bytes)
+    assert combined.predicted_peak_bytes >= max(p.predicted_peak_bytes for p in plans)
+    assert any("peak of 2 graphs" in n for n in combined.notes)
+    assert "peak: predicted" in str(combined)
