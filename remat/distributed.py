@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import json
 import os
+import warnings
 from typing import Any
 
 from . import compat
@@ -107,14 +108,20 @@ def check_ranks_agree(plan: Plan) -> None:
         return
     rank, size = world
     n = next(_exchanges)
-    store = _default_store()
-    store.set(f"{_KEY}/{n}/{rank}", f"{fingerprint(plan)} ({_describe(plan)})")
-    if store.add(f"{_KEY}/{n}/count", 1) != size:
+    try:
+        store = _default_store()
+        store.set(f"{_KEY}/{n}/{rank}", f"{fingerprint(plan)} ({_describe(plan)})")
+        if store.add(f"{_KEY}/{n}/count", 1) != size:
+            return
+        keys = [f"{_KEY}/{n}/{r}" for r in range(size)]
+        values = [v.decode() for v in store.multi_get(keys)]
+        for key in [*keys, f"{_KEY}/{n}/count"]:  # every rank is done with graph n: keep the store small
+            store.delete_key(key)
+    except (RuntimeError, OSError) as e:  # the store is gone (a rank exited): the check cannot run
+        warnings.warn(f"remat: could not compare training graph #{n}'s plan across ranks through the process "
+                      f"group's store ({type(e).__name__}: {e}); training goes on unchecked. Set "
+                      f"{ENV_SWITCH}=0 to skip the check.", stacklevel=2)
         return
-    keys = [f"{_KEY}/{n}/{r}" for r in range(size)]
-    values = [v.decode() for v in store.multi_get(keys)]
-    for key in [*keys, f"{_KEY}/{n}/count"]:  # every rank is done with graph n: keep the store small
-        store.delete_key(key)
     if len(set(values)) == 1:
         return
     by_value: dict[str, list[int]] = {}

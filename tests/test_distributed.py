@@ -143,6 +143,7 @@ def _worker(rank: int, port: int, out: str, case: str, arg: str) -> None:
     try:
         result = CASES[case](rank, arg)
         torch.save(result, Path(out) / f"rank{rank}.pt")
+        dist.barrier()  # rank 0 hosts the store: it must outlive every rank's last use of it
     finally:
         dist.destroy_process_group()
 
