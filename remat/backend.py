@@ -4,7 +4,7 @@ simulator need to know about that lowering.
 Two backends implement it: ``"eager"`` (``remat.eager``: the partitioned graphs run uncompiled,
 op by op) and ``"inductor"`` (``remat.inductor``: Triton on GPU, C++ on CPU);
 ``remat.backends.backend_for`` picks one by name. Everything that
-knows how a backend lowers, fuses and allocates sits behind these four methods; the planner
+knows how a backend lowers, fuses and allocates sits behind these three methods; the planner
 (``remat.planner``), graph analysis (``remat.graph``) and the simulator (``remat.peak``) only
 call them.
 """

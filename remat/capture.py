@@ -104,9 +104,10 @@ class RematBackend:
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
-        partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier), self)
+        backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
+        partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
         try:
-            return backend_for(self.options.backend).compile(gm, example_inputs, partition)
+            return backend.compile(gm, example_inputs, partition)
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from .backend import Backend
 from .backends import backend_for
 from .cse import cse
 from .errors import InfeasibleBudgetError, PlanningError
@@ -159,10 +160,11 @@ class Planned:
 
 def plan_joint_graph(
     gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
-    want_frontier: bool = False,
+    want_frontier: bool = False, backend: Backend | None = None,
 ) -> Planned:
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
-    (or ``want_frontier``) the memory/recompute frontier is computed too."""
+    (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
+    that will lower the graph (by default ``options.backend``'s)."""
     gm.graph.eliminate_dead_code()
     eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)  # op by op
     eager = EagerBaseline(
@@ -170,7 +172,8 @@ def plan_joint_graph(
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
     )
     cse(gm)
-    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model, backend_for(options.backend))
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,
+                 backend or backend_for(options.backend))
     eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
     no_recompute, no_save, reasons = _decisions(jg, options)
     problem = jg.problem(no_recompute, no_save)

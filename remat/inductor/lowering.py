@@ -5,6 +5,7 @@ ops its CPU backend counts as expensive to repeat. Checked on torch 2.11 and 2.1
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -25,6 +26,17 @@ def inductor_runs_extern(op: OpOverload) -> bool:
     ``torch._inductor.lowering.needs_realized_inputs`` or ``fallbacks``, or with no lowering at
     all (implicit fallback). Checked on 2.11 and 2.13; a table that moved warns once
     (Note [Version drift])."""
+    realized, fallbacks, table = _lowering_tables()
+    if op in realized or op in fallbacks:
+        return True
+    return table is not None and op not in table and op.overloadpacket not in table
+
+
+@functools.cache
+def _lowering_tables() -> tuple[Any, Any, Any]:
+    """Inductor's ``needs_realized_inputs``, ``fallbacks`` and ``lowerings``, looked up (and any
+    missing one named in the drift warning) once per process; the tables are filled in place
+    as Inductor registers lowerings, so holding them stays current."""
     from torch._inductor import lowering
 
     from .versions import drift
@@ -32,10 +44,8 @@ def inductor_runs_extern(op: OpOverload) -> bool:
     for name in ("needs_realized_inputs", "fallbacks", "lowerings"):
         if not hasattr(lowering, name):
             drift("lowering facts", f"torch._inductor.lowering.{name}")
-    if op in getattr(lowering, "needs_realized_inputs", ()) or op in getattr(lowering, "fallbacks", ()):
-        return True
-    table = getattr(lowering, "lowerings", None)
-    return table is not None and op not in table and op.overloadpacket not in table
+    return (getattr(lowering, "needs_realized_inputs", ()), getattr(lowering, "fallbacks", ()),
+            getattr(lowering, "lowerings", None))
 
 
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
