@@ -36,6 +36,7 @@ from .ops import (
     packet,
 )
 from .peak import Schedule
+from .nesting import COPY_OF
 from .plan import NodeFacts, Role
 from .policy import OpInfo
 from .reach import reachable
@@ -245,6 +246,8 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     # Views are left out: taking one is free in either half.
     forward_nodes.update(n for n in graph.nodes if n.op == "call_function" and n not in backward
                          and n.meta.get("partitioner_tag") == "is_forward" and view_root(n) is n)
+    # A nested plan's copies (``remat.nesting``) compute forward values a second time.
+    forward_nodes.update(n for n in graph.nodes if n.meta.get(COPY_OF))
 
     values = [n for n in graph.nodes if n.op in ("placeholder", "call_function", "get_attr")
               and n not in backward]

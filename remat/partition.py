@@ -64,6 +64,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
         try:
             planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier, backend)
             jg, saved_ids, plan, frontier = planned.jg, planned.saved_ids, planned.plan, planned.frontier
+            joint = planned.gm or joint  # a nested plan splits the graph with its copies (remat.nesting)
             values = [jg.nodes[i] for i in saved_ids]
             saved_sym = [n for n in values if compat.is_sym(n.meta.get("val"))]
             saved_tensors = [n for n in values if not compat.is_sym(n.meta.get("val"))]

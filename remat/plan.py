@@ -155,6 +155,14 @@ class Plan:
     checkpoints: tuple[str, ...] = ()
     """Separator values this plan never recomputes through (checkpoint segments, see
     ``remat.segments``); empty for the default plan and the min-cut frontier's plans."""
+    nested: tuple[str, ...] = ()
+    """A nested plan's inner checkpoints (``remat.nesting``): recomputed from the saved
+    ``checkpoints`` when the backward reaches their segment, kept until their own segment's
+    backward; empty for other plans."""
+    recompute_times: tuple[int, ...] = ()
+    """How many times the backward computes each entry of ``recomputed`` (same order): 2 for an
+    op a nested plan recomputes in the sweep and again before its segment's backward. Empty when
+    every recomputed op runs once."""
 
     @property
     def saved_bytes(self) -> int:
@@ -162,8 +170,16 @@ class Plan:
         return sum(s.nbytes for s in self.saved)
 
     def recompute_counts(self) -> dict[str, int]:
-        """Recomputed ops counted by op overload, e.g. ``{"aten.mul.Tensor": 4}``."""
-        return dict(sorted(Counter(self.recomputed_ops).items()))
+        """Recomputations counted by op overload, e.g. ``{"aten.mul.Tensor": 4}`` (an op
+        recomputed twice counts twice; see ``times``)."""
+        counts: Counter[str] = Counter()
+        for op, k in zip(self.recomputed_ops, self.times()):
+            counts[op] += k
+        return dict(sorted(counts.items()))
+
+    def times(self) -> tuple[int, ...]:
+        """``recompute_times``, with the 1s filled in: one count per entry of ``recomputed``."""
+        return self.recompute_times or (1,) * len(self.recomputed)
 
     @classmethod
     def combine(cls, plans: list[Plan]) -> Plan:
@@ -182,11 +198,12 @@ class Plan:
         two linear+tanh halves split by a graph break, 28.3 MB against 33.5 MB predicted."""
         if len(plans) == 1:
             return plans[0]
-        saved, rec, ops, notes, nodes = [], [], [], [], []
+        saved, rec, ops, notes, nodes, times = [], [], [], [], [], []
         for k, p in enumerate(plans):
             saved += [replace(s, name=f"g{k}.{s.name}") for s in p.saved]
             rec += [f"g{k}.{r}" for r in p.recomputed]
             ops += list(p.recomputed_ops)
+            times += list(p.times())
             notes += [f"g{k}: {n}" for n in p.notes]
             nodes += [replace(n, name=f"g{k}.{n.name}", inputs=tuple(f"g{k}.{u}" for u in n.inputs))
                       for n in p.nodes]
@@ -205,6 +222,7 @@ class Plan:
             peak = eager_peak = 0  # a fallback graph has no prediction: the step's is unknown
         return cls(tuple(saved), tuple(rec), tuple(ops), sum(p.eager_saved_bytes for p in plans),
                    graphs=sum(p.graphs for p in plans), notes=tuple(notes), nodes=tuple(nodes),
+                   recompute_times=tuple(times) if any(t > 1 for t in times) else (),
                    recompute_flops=sum(p.recompute_flops for p in plans),
                    recompute_seconds=sum(p.recompute_seconds for p in plans),
                    predicted_peak_bytes=peak, eager_peak_bytes=eager_peak,
@@ -236,9 +254,17 @@ class Plan:
         counts = self.recompute_counts()
         if counts:
             lines.append("recomputed: " + ", ".join(f"{op} x{c}" for op, c in counts.items()))
-        if self.checkpoints:
+        if self.checkpoints and not self.nested:
             lines.append(f"checkpoint segments: never recomputes through {', '.join(self.checkpoints)} "
                          f"({len(self.checkpoints) + 1} segments, each recomputed when the backward reaches it)")
+        if self.nested:
+            lines.append(f"nested checkpoints: saves {', '.join(self.checkpoints) or 'no checkpoint (the inputs)'}; "
+                         f"recomputes {', '.join(self.nested)} from them when the backward reaches their "
+                         f"segment, and each of their segments again just before its backward")
+        twice = [(r, k) for r, k in zip(self.recomputed, self.times()) if k > 1]
+        if twice:
+            shown = ", ".join(f"{r} x{k}" for r, k in twice[:8]) + (", ..." if len(twice) > 8 else "")
+            lines.append(f"recomputed more than once: {len(twice)} ops ({shown})")
         lines += list(self.notes)
         t = self.totals()
         lines.append(t.line())

@@ -31,7 +31,8 @@ from .peak import floor_bytes, simulate
 from .plan import Plan, PlanNode, Role, SavedTensor, Status
 from .policy import Decision, decide
 from .reach import reachable
-from .segments import checkpoint_sets, separators
+from .nesting import copy_of, nest
+from .segments import checkpoint_sets, nested_sets, separators
 from .solver import ConflictError, describe, solve, solve_weighted
 from .units import format_bytes
 
@@ -74,6 +75,8 @@ budget they give way to the estimated recompute cost."""
 
 
 CHECKPOINT = "checkpoint (segment boundary)"
+INNER = "nested checkpoint (recomputed by the sweep)"
+AGAIN = "recomputed again (nested checkpoint)"
 
 
 @dataclass(frozen=True)
@@ -89,12 +92,15 @@ class EagerBaseline:
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One plan the budget may choose: the saved value indices, the values the backward computes
-    from them, the Plan, and where it came from (``default``, ``hull`` or ``segments``)."""
+    from them, the Plan, and where it came from (``default``, ``hull``, ``segments`` or
+    ``nested``). ``jg``: the rewritten joint graph a nested plan's indices refer to
+    (``remat.nesting``); None for the graph being planned."""
 
     saved: tuple[int, ...]
     recomputed: tuple[int, ...]
     plan: Plan
     origin: str
+    jg: JointGraph | None = None
 
     @property
     def peak(self) -> int:
@@ -156,6 +162,9 @@ class Planned:
     saved_ids: list[int]
     plan: Plan
     frontier: tuple[Plan, ...] | None = None
+    gm: fx.GraphModule | None = None
+    """The joint graph to split when the chosen plan rewrote it (a nested plan's copies,
+    ``remat.nesting``); None: the one given."""
 
 
 def plan_joint_graph(
@@ -199,13 +208,17 @@ def plan_joint_graph(
         if all(v.saved != c.saved for c in candidates):
             candidates.append(Candidate(v.saved, v.recomputed,
                                         build_plan(jg, v.saved, v.recomputed, relaxed_nr, reasons, eager), "hull"))
-    candidates += _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
+    segments = _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
+    candidates += segments
+    candidates += _nested_plans(gm, num_fwd_outputs, static_input_indices, jg, options, backend, candidates, eager)
     frontier = tuple(non_dominated([c.plan for c in candidates]))
     if options.budget is None:
         return Planned(jg, list(sol.saved), plan, frontier)
     limit = options.budget.resolve(eager.peak_bytes)
     chosen = choose(candidates, limit, eager.peak_bytes, eager.floor_bytes)
-    return Planned(jg, list(chosen.saved), dataclasses.replace(chosen.plan, budget_bytes=limit), frontier)
+    chosen_jg = chosen.jg or jg
+    return Planned(chosen_jg, list(chosen.saved), dataclasses.replace(chosen.plan, budget_bytes=limit), frontier,
+                   gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)
 
 
 def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int, str], no_save: dict[int, str],
@@ -215,13 +228,10 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     relaxed, recompute time breaking ties), i.e. checkpointing with the cut choosing what each
     segment keeps. Only plans that no other candidate beats on both predicted peak and
     recompute time are returned."""
-    inputs_ = {i for i, f in enumerate(jg.facts) if f.role is Role.INPUT}
-    readers = jg.readers()
-    act = reachable(inputs_, lambda i: [u for u in readers[i] if u in jg.forward], include_seeds=False)
-    weights = [jg.schedule.nbytes[sid] for sid in jg.sched_ids]
+    act = _activations(jg)
     seen = {tuple(c.saved) for c in known}
     found = []
-    for cps in checkpoint_sets(separators(jg.inputs, act), weights, act):
+    for cps in _checkpoint_sets(jg, act):
         nr = {**relaxed_nr, **{c: CHECKPOINT for c in cps if c not in relaxed_nr}}
         prob = jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds)
         try:
@@ -242,6 +252,72 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     return out
 
 
+def _activations(jg: JointGraph) -> set[int]:
+    """Forward values computed from the network's inputs (not from parameters alone)."""
+    inputs_ = {i for i, f in enumerate(jg.facts) if f.role is Role.INPUT}
+    readers = jg.readers()
+    return reachable(inputs_, lambda i: [u for u in readers[i] if u in jg.forward], include_seeds=False)
+
+
+def _checkpoint_sets(jg: JointGraph, act: set[int]) -> list[tuple[int, ...]]:
+    weights = [jg.schedule.nbytes[sid] for sid in jg.sched_ids]
+    return checkpoint_sets(separators(jg.inputs, act), weights, act)
+
+
+def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], jg: JointGraph, options: Options,
+                  backend: Backend | None, known: list[Candidate], eager: EagerBaseline) -> list[Candidate]:
+    """Nested checkpoint plans (``remat.nesting``), uncompiled backend only: for each
+    ``(outer, inner)`` pair of ``segments.nested_sets``, the joint graph rewritten with copies,
+    planned with the outer checkpoints saved, the inner ones and the copies recomputed, and
+    otherwise the fewest bytes (every cost rule relaxed, recompute time breaking ties). Only
+    plans no other candidate beats on both predicted peak and recompute time are returned.
+    (Under Inductor the copies are not known to stay apart: its scheduler may fuse or reorder a
+    copy with its original.)"""
+    if (backend or backend_for(options.backend)).name != "eager":
+        return []
+    act = _activations(jg)
+    no_recompute, _, _ = _decisions(jg, options)
+    keep = {i for i, r in no_recompute.items() if r not in COST_RULES}
+    found = []
+    for outer, inner in nested_sets(_checkpoint_sets(jg, act)):
+        gm2 = nest(gm, jg.nodes, act, jg.forward, keep | set(outer) | set(inner))
+        jg2 = analyze(gm2, num_fwd_outputs, static, options.device_model, backend)
+        nr2, ns2, reasons2 = _decisions(jg2, options)
+        index2 = {n.name: i for i, n in enumerate(jg2.nodes)}
+        relaxed2 = {i: r for i, r in nr2.items() if r not in COST_RULES}
+        nr2 = {**relaxed2, **{index2[jg.nodes[c].name]: CHECKPOINT for c in outer}}
+        ns2 = {**ns2, **{index2[jg.nodes[c].name]: INNER for c in inner},
+               **{i: AGAIN for i, n in enumerate(jg2.nodes) if copy_of(n)}}
+        prob = jg2.problem(nr2, ns2, recompute_cost=jg2.recompute_seconds)
+        try:
+            s = solve_weighted(prob, bytes_first_weight(prob))
+        except ConflictError:
+            continue
+        peak = simulate(jg2.schedule, jg2.to_schedule_ids(s.saved)).peak_bytes
+        found.append((peak, s.time, outer, inner, jg2, nr2, {**reasons2, **nr2, **ns2}, s))
+    rivals = [(c.plan.predicted_peak_bytes, c.plan.recompute_seconds) for c in known] + [f[:2] for f in found]
+    out = []
+    for peak, t, outer, inner, jg2, nr2, reasons2, s in found:
+        if any(pk <= peak and tt <= t and (pk, tt) != (peak, t) for pk, tt in rivals):
+            continue
+        p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager)
+        p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in outer),
+                                nested=tuple(jg.facts[c].name for c in inner))
+        out.append(Candidate(s.saved, s.recomputed, p, "nested", jg2))
+    return out
+
+
+def _recompute_times(jg: JointGraph, recomputed: list[int]) -> dict[str, int]:
+    """How many times the backward computes each recomputed forward op, by the name of the op
+    the forward runs (a nested plan's copy counts for the op it copies), in graph order."""
+    times: dict[str, int] = {}
+    for i in recomputed:
+        name = copy_of(jg.nodes[i]) or jg.nodes[i].name
+        times[name] = times.get(name, 0) + 1
+    order = {n.name: k for k, n in enumerate(jg.nodes)}
+    return dict(sorted(times.items(), key=lambda kv: order[kv[0]]))
+
+
 def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
                no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline) -> Plan:
     """The Plan for one joint graph saving ``saved_ids``; ``computed_ids`` are the values the
@@ -253,6 +329,8 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         reason = reasons[i] if i in no_recompute else "min-cut boundary"
         saved.append(SavedTensor.of(f, op=f.op or f.role, nbytes=jg.cost[i], reason=reason))
     recomputed = [i for i in sorted(computed) if i in jg.forward and jg.nodes[i].op == "call_function"]
+    times = _recompute_times(jg, recomputed)
+    by_name = {n.name: i for i, n in enumerate(jg.nodes)}
     status: dict[int, Status] = {}
     for i, f in enumerate(jg.facts):
         if i in saved_set:
@@ -282,8 +360,9 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
     secs = sum(jg.recompute_seconds[i] for i in recomputed) if jg.recompute_seconds else 0.0
     return Plan(
         saved=tuple(saved),
-        recomputed=tuple(jg.facts[i].name for i in recomputed),
-        recomputed_ops=tuple(jg.facts[i].op for i in recomputed),
+        recomputed=tuple(times),
+        recomputed_ops=tuple(jg.facts[by_name[name]].op for name in times),
+        recompute_times=tuple(times.values()) if any(t > 1 for t in times.values()) else (),
         eager_saved_bytes=eager.saved_bytes,
         nodes=tuple(nodes),
         predicted_peak_bytes=simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes,

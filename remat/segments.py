@@ -18,6 +18,9 @@ separators that split the forward's bytes most evenly into k parts. Each set, fo
 recomputed through, is then solved like any other problem (``remat.partition`` solves each for
 the fewest bytes, cost rules relaxed, recompute time breaking ties); the simulator
 (``remat.peak``) scores the result.
+
+``nested_sets`` groups a set's checkpoints for nested plans (``remat.nesting``): every ``m``-th
+checkpoint stays saved (outer), the others are recomputed by the backward's sweep (inner).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
-__all__ = ["separators", "checkpoint_sets", "SEGMENT_COUNTS"]
+__all__ = ["separators", "checkpoint_sets", "nested_sets", "SEGMENT_COUNTS"]
 
 SEGMENT_COUNTS = (2, 4, 16, 64)
 """Segment counts tried (capped by the number of separators + 1)."""
@@ -78,4 +81,21 @@ def checkpoint_sets(seps: Sequence[int], weights: Sequence[int], activations: It
         key = tuple(sorted(chosen))
         if key not in out:
             out.append(key)
+    return out
+
+
+def nested_sets(sets: Sequence[tuple[int, ...]], limit: int = 6) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``(outer, inner)`` checkpoint pairs for nested plans, from the finest of ``sets`` with at
+    least three checkpoints down: groups of ``m`` consecutive checkpoints for ``m`` = 2 and
+    ``round(sqrt(len + 1))`` keep every ``m``-th checkpoint saved (outer) and recompute the rest
+    (inner); ``m = len + 1`` keeps none (one outer segment from the network's inputs). At most
+    ``limit`` distinct pairs."""
+    out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for cps in sorted((s for s in sets if len(s) >= 3), key=len, reverse=True):
+        n = len(cps)
+        for m in sorted({2, max(2, round((n + 1) ** 0.5)), n + 1}):
+            outer = tuple(cps[m - 1::m])
+            pair = (outer, tuple(c for c in cps if c not in outer))
+            if pair not in out and len(out) < limit:
+                out.append(pair)
     return out

@@ -13,7 +13,8 @@ incompatible change). Top-level keys:
                  ``reason`` (``min-cut boundary`` or the rule name) and ``source``
                  (``file:line``, ``""`` if unknown).
 ``recomputed``   list of the forward ops the backward computes again: ``name``, ``op``,
-                 ``module``, ``source``.
+                 ``module``, ``source``, ``times`` (how many times the backward computes it:
+                 2 for an op a nested-checkpoint plan recomputes twice).
 ``totals``       ``saved_tensors``, ``free_saved``, ``saved_bytes``, ``eager_saved_bytes``,
                  ``activation_bytes`` (bytes if everything were saved, null for a fallback;
                  see ``remat.report.totals``), ``recomputed_ops``, ``recompute_flops``,
@@ -27,6 +28,8 @@ incompatible change). Top-level keys:
                  ``source`` (omitted with ``nodes=False``).
 ``checkpoints``  list of str: the separators a checkpoint-segment plan never recomputes
                  through (``remat.segments``); empty for min-cut plans.
+``nested``       list of str: a nested plan's inner checkpoints, recomputed from
+                 ``checkpoints`` (``remat.nesting``); empty for other plans.
 ``budget_bytes`` int or null: the peak budget the plan was chosen under.
 ``notes``        list of str.
 """
@@ -67,7 +70,7 @@ SCHEMA: dict[str, Any] = {
             "name": _STR, "op": _STR, "module": _STR, "shape": _SHAPE, "dtype": _STR,
             "bytes": _INT, "reason": _STR, "source": _STR})},
         "recomputed": {"type": "array", "items": _obj({
-            "name": _STR, "op": _STR, "module": _STR, "source": _STR})},
+            "name": _STR, "op": _STR, "module": _STR, "source": _STR, "times": {"type": "integer", "minimum": 1}})},
         "totals": _obj({
             "saved_tensors": _INT, "free_saved": _INT, "saved_bytes": _INT, "eager_saved_bytes": _INT,
             "activation_bytes": {"type": ["integer", "null"]}, "recomputed_ops": _INT,
@@ -77,6 +80,7 @@ SCHEMA: dict[str, Any] = {
             "module": _STR, "blocks": _INT, "saved": _INT, "saved_bytes": _INT, "recomputed": _INT,
             "reasons": {"type": "object", "additionalProperties": _INT}, "depth": _INT})},
         "checkpoints": {"type": "array", "items": _STR},
+        "nested": {"type": "array", "items": _STR},
         "budget_bytes": {"type": ["integer", "null"]},
         "notes": {"type": "array", "items": _STR},
     }),
@@ -92,10 +96,10 @@ def to_dict(plan: Plan, *, nodes: bool = True) -> dict[str, Any]:
     """The plan as plain data (see the module docstring for the schema)."""
     by_name = {n.name: n for n in plan.nodes}
     recomputed = []
-    for name, op in zip(plan.recomputed, plan.recomputed_ops or ("",) * len(plan.recomputed)):
+    for name, op, k in zip(plan.recomputed, plan.recomputed_ops or ("",) * len(plan.recomputed), plan.times()):
         n = by_name.get(name)
         recomputed.append({"name": name, "op": op, "module": n.module if n else "",
-                           "source": n.source if n else ""})
+                           "source": n.source if n else "", "times": k})
     out: dict[str, Any] = {
         "version": VERSION,
         "graphs": plan.graphs,
@@ -108,6 +112,7 @@ def to_dict(plan: Plan, *, nodes: bool = True) -> dict[str, Any]:
                      "saved_bytes": r.saved_bytes, "recomputed": r.recomputed,
                      "reasons": dict(r.reasons), "depth": r.depth} for r in module_rows(plan)],
         "checkpoints": list(plan.checkpoints),
+        "nested": list(plan.nested),
         "budget_bytes": plan.budget_bytes,
         "notes": list(plan.notes),
     }

@@ -6,7 +6,8 @@ Definitions (see Note [Bytes if everything were saved]):
 * ``eager_saved_bytes``: what eager autograd keeps for the same graph;
 * ``activation_bytes``: bytes if everything were saved (below);
 * ``recomputed_ops`` / ``recompute_flops`` / ``recompute_seconds``: the forward ops the backward
-  computes again and their estimated cost (``0`` where the cost model has no estimate).
+  computes again (an op a nested plan recomputes twice counts twice) and their estimated cost
+  (``0`` where the cost model has no estimate).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def totals(plan: Plan) -> Totals:
         saved_bytes=plan.saved_bytes,
         eager_saved_bytes=plan.eager_saved_bytes,
         activation_bytes=activation_bytes(plan),
-        recomputed_ops=len(plan.recomputed),
+        recomputed_ops=sum(plan.times()),
         recompute_flops=plan.recompute_flops,
         recompute_seconds=plan.recompute_seconds,
         predicted_peak_bytes=plan.predicted_peak_bytes,
