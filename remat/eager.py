@@ -27,6 +27,9 @@ as eager runs them, the same plans predict (and measure) 4.32 and 2.19 MiB
 (``benchmarks/ckpt_floor.py``). The other activations
 were measured too and stay decomposed: keeping ``silu`` whole raised the smallest plan on a tiny
 Llama (3.69 to 3.81 MiB), ``threshold_backward`` on a bottleneck ResNet (3.32 to 3.50 MiB).
+``tanh_backward`` is kept whole for exactness: decomposed, ``grad * (1 - y * y)`` rounds
+differently from eager's kernel, and gradients through a ``tanh`` differed from eager's in the
+last bits.
 
 Note [Eager casts]
 Inductor's decompositions convert dtypes with ``prims.convert_element_type`` (layer norm's and
@@ -52,7 +55,7 @@ __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 KEPT_WHOLE = frozenset({
     "max_pool2d_with_indices", "max_pool2d_with_indices_backward",
     "max_pool3d_with_indices", "max_pool3d_with_indices_backward",
-    "gelu", "gelu_backward",
+    "gelu", "gelu_backward", "tanh_backward",
 })
 """Ops whose Inductor decomposition the uncompiled backend does not apply (Note [Eager pooling],
 Note [Eager GELU])."""
