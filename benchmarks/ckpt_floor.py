@@ -28,17 +28,20 @@ KiB = 1024
 
 
 def step_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
-    """Measured peak bytes of one step (after a first, warm-up step)."""
+    """Measured peak bytes of one step (after a first, warm-up step). Gradients are set to None
+    before the measured step, outside it: storages freed while measuring that were allocated
+    before would count against the step's own."""
 
-    def step() -> None:
+    def zero() -> None:
         for p in model.parameters():
             p.grad = None
         for x in inputs:
             x.grad = None
-        model(*inputs).backward()
 
-    step()
-    return compat.measure_cpu_peak_bytes(step)
+    zero()
+    model(*inputs).backward()
+    zero()
+    return compat.measure_cpu_peak_bytes(lambda: model(*inputs).backward())
 
 
 def smallest(model: nn.Module, inputs: tuple[torch.Tensor, ...], backend: str = "eager"):
@@ -48,8 +51,8 @@ def smallest(model: nn.Module, inputs: tuple[torch.Tensor, ...], backend: str = 
     return frontier, min(frontier.points, key=lambda p: (p.predicted_peak_bytes, p.recompute_seconds))
 
 
-def row(name: str, layers: int, backend: str = "eager") -> dict:
-    fam = families.build(name, layers)
+def row(name: str, layers: int, backend: str = "eager", dropout: float | None = None) -> dict:
+    fam = families.build(name, layers, dropout=dropout)
     t0 = time.perf_counter()
     ckpt = step_peak(fam.checkpointed, fam.inputs)
     frontier, low = smallest(fam.model, fam.inputs, backend)
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(families.FAMILIES), choices=families.FAMILIES)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--backend", default="eager")
+    parser.add_argument("--dropout", type=float, help="GPT-2's dropout probabilities (default: 0.1, the model's)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -75,14 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'model':8} {'ckpt meas':>10} {'remat pred':>10} {'remat meas':>10} {'default':>9} "
           f"{'floor':>8} {'ratio':>6}  (KiB)")
     for name in args.models:
-        r = row(name, args.layers, args.backend)
+        r = row(name, args.layers, args.backend, args.dropout)
         rows.append(r)
         print(f"{name:8} {r['ckpt_measured'] // KiB:>10} {r['remat_predicted'] // KiB:>10} "
               f"{r['remat_measured'] // KiB:>10} {r['default_predicted'] // KiB:>9} {r['floor'] // KiB:>8} "
               f"{r['remat_measured'] / r['ckpt_measured']:>6.3f}  {r['seconds']}s", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "layers": args.layers, "rows": rows}, f, indent=1)
+            json.dump({"torch": torch.__version__, "layers": args.layers, "dropout": args.dropout, "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -132,12 +132,13 @@ class ResNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-def _hf(name: str, layers: int) -> tuple[nn.Module, nn.Module, tuple[torch.Tensor, ...]]:
+def _hf(name: str, layers: int, dropout: float | None) -> tuple[nn.Module, nn.Module, tuple[torch.Tensor, ...]]:
     import transformers
 
     if name == "gpt2":
+        p = {} if dropout is None else dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
         cfg = transformers.GPT2Config(n_layer=layers, n_embd=64, n_head=4, n_positions=256, vocab_size=128,
-                                      bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+                                      bos_token_id=0, eos_token_id=0, attn_implementation="sdpa", **p)
         lm = transformers.GPT2LMHeadModel(cfg)
     else:
         cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=layers,
@@ -172,12 +173,13 @@ def _square(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return workloads.loss(net(x))
 
 
-def build(name: str, layers: int = 4, seed: int = 0) -> Family:
+def build(name: str, layers: int = 4, seed: int = 0, dropout: float | None = None) -> Family:
     """The family ``name`` (``FAMILIES``) at its CPU size with ``layers`` blocks (the workloads
-    keep their own depth), seeded."""
+    keep their own depth), seeded. ``dropout``: GPT-2's dropout probabilities (default: the
+    model's, 0.1)."""
     torch.manual_seed(seed)
     if name in ("gpt2", "llama"):
-        model, twin, inputs = _hf(name, layers)
+        model, twin, inputs = _hf(name, layers, dropout)
         return Family(name, model, twin, inputs)
     if name in ("gpt", "mlp"):
         net, x = workloads.build(name, "medium", seed=seed)
