@@ -40,6 +40,7 @@ conversion with the same strides. The split forward and backward graphs run the 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ import torch.fx as fx
 
 from . import compat
 from .backend import Backend
+from .cost import nbytes
 from .inductor.decompositions import eager_decompositions
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
@@ -88,11 +90,26 @@ def _run_uncompiled(gm: fx.GraphModule, example_inputs: Any) -> Any:
     return compat.run_uncompiled(gm)
 
 
+def unread_output_bytes(node: fx.Node) -> int:
+    """Bytes of the outputs of a multi-output op that no ``getitem`` reads: the kernel allocates
+    them and they are freed as soon as the op returns (a recomputed ``max_pool2d_with_indices``
+    whose backward needs only the indices, say). Outputs that alias an input allocate nothing."""
+    val = node.meta.get("val")
+    if node.op != "call_function" or not isinstance(val, (tuple, list)) or not isinstance(node.target, compat.OpOverload):
+        return 0
+    rets = node.target._schema.returns
+    read = {u.args[1] for u in node.users if u.target is operator.getitem}
+    return sum(nbytes(v) for k, v in enumerate(val)
+               if k not in read and not (k < len(rets) and rets[k].alias_info is not None))
+
+
 class EagerBackend(Backend):
     name = "eager"
 
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        return {}
+        """Op by op; an op's unread outputs are scratch while it runs (``unread_output_bytes``)."""
+        scratch = tuple(unread_output_bytes(n) for n in nodes)
+        return {"workspace": scratch} if any(scratch) else {}
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None

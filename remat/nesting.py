@@ -23,6 +23,7 @@ subexpressions are eliminated before planning, not after.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 import torch.fx as fx
@@ -50,6 +51,10 @@ def nest(gm: fx.GraphModule, values: list[fx.Node], activations: Iterable[int], 
     act, fwd, kept = set(activations), set(forward), set(keep)
     index = {n: i for i, n in enumerate(values)}
     copyable = act - kept
+    # A getitem of a multi-output op that is not copied reads the op's result, which holds every
+    # output: copying the getitem would keep them all alive until the copy runs.
+    copyable -= {v for v in copyable if values[v].target is operator.getitem
+                 and index.get(values[v].args[0]) not in copyable}
 
     def backward_side(n: fx.Node) -> bool:
         return n.op != "output" and (n not in index or index[n] not in fwd)

@@ -70,7 +70,8 @@ class Schedule:
     """The repeated block each node belongs to (``graph.block_of``): remat compiles with
     stage-local fusion, so no Inductor kernel spans two blocks."""
     workspace: tuple[int, ...] = ()
-    """Scratch bytes each (extern) node holds while it runs, beyond its output."""
+    """Scratch bytes each (extern) node holds while it runs, beyond its output (op by op: the
+    outputs of a multi-output op that nothing reads, ``remat.eager.unread_output_bytes``)."""
     heavy: frozenset[int] = frozenset()
     """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
     model: StepModel | None = None
@@ -228,7 +229,8 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
             nbytes[(v, phase)] = s.nbytes[v]
         where = "forward" if phase == 0 else "backward"
         steps.append(Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
-                           frozenset(storage(u, phase) for u in s.inputs[v])))
+                           frozenset(storage(u, phase) for u in s.inputs[v]),
+                           s.workspace[v] if s.workspace else 0))
     return steps, len(fwd), nbytes, storage
 
 

@@ -260,8 +260,11 @@ def _activations(jg: JointGraph) -> set[int]:
 
 
 def _checkpoint_sets(jg: JointGraph, act: set[int]) -> list[tuple[int, ...]]:
+    """``segments.checkpoint_sets`` over the separators that are single tensors (a multi-output
+    op's result is never saved whole, and recomputed it holds all its outputs)."""
     weights = [jg.schedule.nbytes[sid] for sid in jg.sched_ids]
-    return checkpoint_sets(separators(jg.inputs, act), weights, act)
+    seps = [v for v in separators(jg.inputs, act) if not isinstance(jg.nodes[v].meta.get("val"), (tuple, list))]
+    return checkpoint_sets(seps, weights, act)
 
 
 def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], jg: JointGraph, options: Options,
@@ -273,7 +276,8 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     plans no other candidate beats on both predicted peak and recompute time are returned.
     (Under Inductor the copies are not known to stay apart: its scheduler may fuse or reorder a
     copy with its original.)"""
-    if (backend or backend_for(options.backend)).name != "eager":
+    backend = backend or backend_for(options.backend)
+    if backend.name != "eager":
         return []
     act = _activations(jg)
     no_recompute, _, _ = _decisions(jg, options)
