@@ -1,5 +1,8 @@
-"""The uncompiled backend keeps max pooling whole (Note [Eager pooling] in remat/eager.py)
+"""The uncompiled backend keeps max pooling, GELU and tanh's backward whole, recomputes dropout's
+output from its mask (Notes [Eager pooling], [Eager GELU], [Eager dropout] in remat/eager.py),
 and trains like eager autograd."""
+
+import copy
 
 import torch
 import torch.nn as nn
@@ -57,3 +60,35 @@ def test_gelu_and_tanh_backward_are_kept_whole_and_gradients_are_eager_bit_for_b
     assert ops.count("aten.gelu.default") == 2 and ops.count("aten.gelu_backward.default") == 2
     assert ops.count("aten.tanh_backward.default") == 1
     assert "aten.erf.default" not in ops and ops.count("aten.tanh.default") == 1  # nn.Tanh's
+
+
+def test_dropout_saves_its_mask_not_its_output_and_gradients_are_eager_bit_for_bit():
+    # Note [Eager dropout]: the dropped tensor is recomputed from the input and the mask.
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.fc2(nn.functional.dropout(torch.tanh(self.fc1(x)), 0.3, self.training))
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(16, 8, requires_grad=True)
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager")
+    got = [_seeded(rm, x, s) for s in (1, 2)][-1]
+    want = _seeded(model, x, 2)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    (plan,) = remat.compiled_plans(rm)
+    random = [s for s in plan.saved if s.reason == "random op"]
+    assert [(s.dtype, s.shape) for s in random] == [("bool", (16, 32))]  # the mask alone
+    assert sum(n.op == "aten.native_dropout.default" for n in plan.nodes) == 1
+
+
+def _seeded(model, x, seed):
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    xx = x.detach().clone().requires_grad_()
+    out = model(xx)
+    out.square().mean().backward()
+    return [out, xx.grad, *(p.grad for p in model.parameters())]
