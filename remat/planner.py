@@ -259,11 +259,14 @@ def _activations(jg: JointGraph) -> set[int]:
     return reachable(inputs_, lambda i: [u for u in readers[i] if u in jg.forward], include_seeds=False)
 
 
-def _checkpoint_sets(jg: JointGraph, act: set[int]) -> list[tuple[int, ...]]:
-    """``segments.checkpoint_sets`` over the separators that are single tensors (a multi-output
-    op's result is never saved whole, and recomputed it holds all its outputs)."""
+def _checkpoint_sets(jg: JointGraph, act: set[int], tensors_only: bool = False) -> list[tuple[int, ...]]:
+    """``segments.checkpoint_sets``; with ``tensors_only``, over the separators that are single
+    tensors (for nested plans: an inner checkpoint that is a multi-output op's result would hold
+    all its outputs from the sweep to its segment's backward)."""
     weights = [jg.schedule.nbytes[sid] for sid in jg.sched_ids]
-    seps = [v for v in separators(jg.inputs, act) if not isinstance(jg.nodes[v].meta.get("val"), (tuple, list))]
+    seps = separators(jg.inputs, act)
+    if tensors_only:
+        seps = [v for v in seps if not isinstance(jg.nodes[v].meta.get("val"), (tuple, list))]
     return checkpoint_sets(seps, weights, act)
 
 
@@ -283,7 +286,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     no_recompute, _, _ = _decisions(jg, options)
     keep = {i for i, r in no_recompute.items() if r not in COST_RULES}
     found = []
-    for outer, inner in nested_sets(_checkpoint_sets(jg, act)):
+    for outer, inner in nested_sets(_checkpoint_sets(jg, act, tensors_only=True)):
         gm2 = nest(gm, jg.nodes, act, jg.forward, keep | set(outer) | set(inner))
         jg2 = analyze(gm2, num_fwd_outputs, static, options.device_model, backend)
         nr2, ns2, reasons2 = _decisions(jg2, options)
