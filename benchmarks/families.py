@@ -9,7 +9,8 @@ model with ``torch.utils.checkpoint`` (non-reentrant) around each block, as user
   blocks, class token) and ResNet-bottleneck-style (1x1/3x3/1x1 conv + BatchNorm + ReLU,
   residual) networks, the layers timm's ``vit_base_patch16_224`` and torchvision's ``resnet50``
   are made of (neither library installs on the CPU torch these tests run on).
-* ``gpt``, ``mlp``: ``benchmarks/workloads.py`` at its ``medium`` size.
+* ``gpt``, ``mlp``: ``benchmarks/workloads.py`` at its ``medium`` size (``layers`` up to 4; more:
+  its ``deep`` size, 12 and 16 blocks).
 """
 
 from __future__ import annotations
@@ -174,15 +175,15 @@ def _square(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def build(name: str, layers: int = 4, seed: int = 0, dropout: float | None = None) -> Family:
-    """The family ``name`` (``FAMILIES``) at its CPU size with ``layers`` blocks (the workloads
-    keep their own depth), seeded. ``dropout``: GPT-2's dropout probabilities (default: the
+    """The family ``name`` (``FAMILIES``) at its CPU size with ``layers`` blocks (the workloads:
+    their ``medium`` or ``deep`` depth, see the module docstring), seeded. ``dropout``: GPT-2's dropout probabilities (default: the
     model's, 0.1)."""
     torch.manual_seed(seed)
     if name in ("gpt2", "llama"):
         model, twin, inputs = _hf(name, layers, dropout)
         return Family(name, model, twin, inputs)
     if name in ("gpt", "mlp"):
-        net, x = workloads.build(name, "medium", seed=seed)
+        net, x = workloads.build(name, "medium" if layers <= 4 else "deep", seed=seed)
         return Family(name, _Loss(net, _square), _Loss(Checkpointed(net), _square), (x,))
     gen = torch.Generator().manual_seed(1)
     if name == "vit":
