@@ -208,9 +208,9 @@ def plan_joint_graph(
         if all(v.saved != c.saved for c in candidates):
             candidates.append(Candidate(v.saved, v.recomputed,
                                         build_plan(jg, v.saved, v.recomputed, relaxed_nr, reasons, eager), "hull"))
-    segments = _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
-    candidates += segments
-    candidates += _nested_plans(gm, num_fwd_outputs, static_input_indices, jg, options, backend, candidates, eager)
+    candidates += _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
+    candidates += _nested_plans(gm, num_fwd_outputs, static_input_indices, jg, relaxed_nr, options, backend,
+                                candidates, eager)
     frontier = tuple(non_dominated([c.plan for c in candidates]))
     if options.budget is None:
         return Planned(jg, list(sol.saved), plan, frontier)
@@ -270,8 +270,9 @@ def _checkpoint_sets(jg: JointGraph, act: set[int], tensors_only: bool = False) 
     return checkpoint_sets(seps, weights, act)
 
 
-def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], jg: JointGraph, options: Options,
-                  backend: Backend | None, known: list[Candidate], eager: EagerBaseline) -> list[Candidate]:
+def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], jg: JointGraph,
+                  relaxed_nr: dict[int, str], options: Options, backend: Backend | None, known: list[Candidate],
+                  eager: EagerBaseline) -> list[Candidate]:
     """Nested checkpoint plans (``remat.nesting``), uncompiled backend only: for each
     ``(outer, inner)`` pair of ``segments.nested_sets``, the joint graph rewritten with copies,
     planned with the outer checkpoints saved, the inner ones and the copies recomputed, and
@@ -283,28 +284,18 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     if backend.name != "eager":
         return []
     act = _activations(jg)
-    no_recompute, _, _ = _decisions(jg, options)
-    keep = {i for i, r in no_recompute.items() if r not in COST_RULES}
+    keep = set(relaxed_nr)  # saved whatever the plan (inputs, random ops, user rules): never copied
     found = []
     for outer, inner in nested_sets(_checkpoint_sets(jg, act, tensors_only=True)):
         gm2 = nest(gm, jg.nodes, act, jg.forward, keep | set(outer) | set(inner))
         jg2 = analyze(gm2, num_fwd_outputs, static, options.device_model, backend)
-        nr2, ns2, reasons2 = _decisions(jg2, options)
-        index2 = {n.name: i for i, n in enumerate(jg2.nodes)}
-        relaxed2 = {i: r for i, r in nr2.items() if r not in COST_RULES}
-        nr2 = {**relaxed2, **{index2[jg.nodes[c].name]: CHECKPOINT for c in outer}}
-        ns2 = {**ns2, **{index2[jg.nodes[c].name]: INNER for c in inner},
-               **{i: AGAIN for i, n in enumerate(jg2.nodes) if copy_of(n)}}
-        prob = jg2.problem(nr2, ns2, recompute_cost=jg2.recompute_seconds)
-        try:
-            s = solve_weighted(prob, bytes_first_weight(prob))
-        except ConflictError:
-            continue
-        peak = simulate(jg2.schedule, jg2.to_schedule_ids(s.saved)).peak_bytes
-        found.append((peak, s.time, outer, inner, jg2, nr2, {**reasons2, **nr2, **ns2}, s))
+        names = [jg.nodes[c].name for c in (*outer, *inner)]
+        solved = _solve_nested(jg2, options, names[:len(outer)], names[len(outer):])
+        if solved is not None:
+            found.append((*solved, outer, inner, jg2))
     rivals = [(c.plan.predicted_peak_bytes, c.plan.recompute_seconds) for c in known] + [f[:2] for f in found]
     out = []
-    for peak, t, outer, inner, jg2, nr2, reasons2, s in found:
+    for peak, t, s, nr2, reasons2, outer, inner, jg2 in found:
         if any(pk <= peak and tt <= t and (pk, tt) != (peak, t) for pk, tt in rivals):
             continue
         p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager)
@@ -312,6 +303,25 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
                                 nested=tuple(jg.facts[c].name for c in inner))
         out.append(Candidate(s.saved, s.recomputed, p, "nested", jg2))
     return out
+
+
+def _solve_nested(jg2: JointGraph, options: Options, outer: list[str], inner: list[str]):
+    """The fewest-bytes plan of a nested graph (``remat.nesting``): ``outer`` checkpoints never
+    recomputed, ``inner`` ones and every copy never saved, cost rules relaxed. ``(peak, seconds,
+    solution, no_recompute, reasons)``, or None if no plan exists."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unmatched policy rules were reported on the graph itself
+        nr2, ns2, reasons2 = _decisions(jg2, options)
+    index2 = {n.name: i for i, n in enumerate(jg2.nodes)}
+    nr2 = {**{i: r for i, r in nr2.items() if r not in COST_RULES}, **{index2[c]: CHECKPOINT for c in outer}}
+    ns2 = {**ns2, **{index2[c]: INNER for c in inner}, **{i: AGAIN for i, n in enumerate(jg2.nodes) if copy_of(n)}}
+    prob = jg2.problem(nr2, ns2, recompute_cost=jg2.recompute_seconds)
+    try:
+        s = solve_weighted(prob, bytes_first_weight(prob))
+    except ConflictError:
+        return None
+    peak = simulate(jg2.schedule, jg2.to_schedule_ids(s.saved)).peak_bytes
+    return peak, s.time, s, nr2, {**reasons2, **nr2, **ns2}
 
 
 def _recompute_times(jg: JointGraph, recomputed: list[int]) -> dict[str, int]:
