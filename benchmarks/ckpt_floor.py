@@ -20,9 +20,8 @@ import torch
 import torch.nn as nn
 
 import remat
-from remat import compat
-
 from benchmarks import families
+from remat import compat
 
 KiB = 1024
 

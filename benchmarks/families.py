@@ -176,8 +176,8 @@ def _square(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def build(name: str, layers: int = 4, seed: int = 0, dropout: float | None = None) -> Family:
     """The family ``name`` (``FAMILIES``) at its CPU size with ``layers`` blocks (the workloads:
-    their ``medium`` or ``deep`` depth, see the module docstring), seeded. ``dropout``: GPT-2's dropout probabilities (default: the
-    model's, 0.1)."""
+    their ``medium`` or ``deep`` depth, see the module docstring), seeded. ``dropout``: GPT-2's
+    dropout probabilities (default: the model's, 0.1)."""
     torch.manual_seed(seed)
     if name in ("gpt2", "llama"):
         model, twin, inputs = _hf(name, layers, dropout)

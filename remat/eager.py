@@ -152,7 +152,8 @@ def unread_output_bytes(node: fx.Node) -> int:
     them and they are freed as soon as the op returns (a recomputed ``max_pool2d_with_indices``
     whose backward needs only the indices, say). Outputs that alias an input allocate nothing."""
     val = node.meta.get("val")
-    if node.op != "call_function" or not isinstance(val, (tuple, list)) or not isinstance(node.target, compat.OpOverload):
+    if not (node.op == "call_function" and isinstance(val, (tuple, list))
+            and isinstance(node.target, compat.OpOverload)):
         return 0
     rets = node.target._schema.returns
     read = {u.args[1] for u in node.users if u.target is operator.getitem}

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from . import compat, cost
+from .nesting import COPY_OF
 from .ops import (
     ATTENTION_OPS,
     CAST_OPS,
@@ -36,7 +37,6 @@ from .ops import (
     packet,
 )
 from .peak import Schedule
-from .nesting import COPY_OF
 from .plan import NodeFacts, Role
 from .policy import OpInfo
 from .reach import reachable

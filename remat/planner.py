@@ -26,12 +26,12 @@ from .cse import cse
 from .errors import InfeasibleBudgetError, PlanningError
 from .frontier import bytes_first_weight, hull
 from .graph import JointGraph, analyze
+from .nesting import copy_of, nest
 from .options import Options
 from .peak import floor_bytes, simulate
 from .plan import Plan, PlanNode, Role, SavedTensor, Status
 from .policy import Decision, decide
 from .reach import reachable
-from .nesting import copy_of, nest
 from .segments import checkpoint_sets, nested_sets, separators
 from .solver import ConflictError, describe, solve, solve_weighted
 from .units import format_bytes
