@@ -4,6 +4,7 @@ with remat's partition function."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import compat, distributed
+from . import buckets, compat, distributed
 from .backends import backend_for
 from .logs import planning, warn_at_user
 from .options import Options
@@ -45,6 +46,8 @@ def _watched(partition: Callable[..., Any], backend: RematBackend) -> Callable[.
     @functools.wraps(partition)
     def run(joint: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         label = f"graph {len(backend.plans) + 1}"
+        if backend.joints is not None:
+            backend.joints.append(joint)
         try:
             with warnings.catch_warnings(record=True) as caught, planning(label, len(joint.graph.nodes)) as done:
                 warnings.simplefilter("always")
@@ -65,7 +68,8 @@ class RematBackend:
     """A Dynamo backend. ``plans`` collects one Plan per captured training graph, in capture
     order. With ``explain_only``, graphs are planned but run uncompiled and never trained."""
 
-    def __init__(self, options: Options, *, explain_only: bool = False, want_frontier: bool = False):
+    def __init__(self, options: Options, *, explain_only: bool = False, want_frontier: bool = False,
+                 keep_joints: bool = False):
         self.options = options
         self.explain_only = explain_only
         self.want_frontier = want_frontier
@@ -75,6 +79,8 @@ class RematBackend:
         """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
         self._warned_breaks = False
         self._planned: Callable[[str], None] | None = None
+        self.joints: list[fx.GraphModule] | None = [] if keep_joints else None
+        """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
 
     def warn_graph_breaks(self, stacklevel: int = 2) -> None:
         """One warning per wrapped model listing its graph breaks, if it has any."""
@@ -104,6 +110,26 @@ class RematBackend:
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
+        ddp = None if self.explain_only else compat.active_ddp_module()
+        if ddp is not None:
+            return self._compile_by_bucket(gm, example_inputs, ddp.bucket_bytes_cap)
+        return self._compile(gm, example_inputs)
+
+    def _compile_by_bucket(self, gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int) -> Any:
+        """Split ``gm`` at DDP's gradient buckets as Dynamo would, after moving to later pieces
+        the values the whole graph's plan recomputes and only later pieces read; compile each
+        piece. See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
+        whole = RematBackend(self.options, explain_only=True, keep_joints=True)
+        whole(fx.GraphModule(gm, copy.deepcopy(gm.graph)), example_inputs)  # plans a copy, compiles nothing
+        if whole.plans and whole.joints and whole.plans[0].fallback is None:
+            kept, pinned = buckets.whole_plan_values(whole.joints[0], {s.name for s in whole.plans[0].saved}, gm)
+        else:  # no training graph, or its planning fell back: split as Dynamo does
+            kept, pinned = set(), {n.name for n in gm.graph.nodes}
+        return compat.ddp_bucket_split(gm, example_inputs, bucket_bytes_cap, self._compile,
+                                       lambda g, piece: buckets.regroup(g, piece, kept, pinned))
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Plan and compile one graph with this backend's options."""
         backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
         partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
         try:
