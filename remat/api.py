@@ -191,7 +191,7 @@ def checkpoint(
             # Eval mode runs the module as written: no joint graph is planned for inference.
             if not wrapped.training:
                 return wrapped._call_impl(*args, **kwargs)
-            with distributed.unsplit_by_ddp():  # remat splits DDP graphs itself (remat.buckets)
+            with distributed.remat_splits_ddp(rb):
                 out = compiled(*args, **kwargs)
             return _finish(rb, out, 3)  # call <- Module.__call__ <- user
 
@@ -205,7 +205,7 @@ def checkpoint(
 
         @functools.wraps(model)
         def run(*args: Any, **kwargs: Any) -> Any:
-            with distributed.unsplit_by_ddp():  # remat splits DDP graphs itself (remat.buckets)
+            with distributed.remat_splits_ddp(rb):
                 out = compiled(*args, **kwargs)
             return _finish(rb, out, 2)  # run <- user
 

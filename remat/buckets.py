@@ -52,12 +52,14 @@ def _is_view(node: fx.Node) -> bool:
     return name.split(".")[0] in _VIEWS
 
 
-def whole_plan_values(joint: fx.GraphModule, saved: set[str], dynamo: fx.GraphModule) -> tuple[set[str], set[str]]:
-    """``(kept, pinned)``: names of ``dynamo``'s nodes whose value the plan of the whole graph
-    keeps (it saves the joint-graph value the node outputs, or one it is a view of), and of
-    those that must not move to another piece (they traced to a random op, a mutation, a
-    collective or a higher-order op). ``joint`` is the whole graph's joint graph as planned,
-    ``saved`` the names of its values the plan saves."""
+def whole_plan_values(joint: fx.GraphModule, saved: set[str], recomputed: set[str],
+                      dynamo: fx.GraphModule) -> tuple[set[str], set[str]]:
+    """``(kept, recomputed)``: names of ``dynamo``'s nodes whose value the plan of the whole
+    graph keeps (it saves the joint-graph value the node outputs, or one it is a view of), and
+    of those whose ops that plan recomputes in the backward, all of them pure (none traced to a
+    random op, a mutation, a collective or a higher-order op). ``joint`` is the whole graph's
+    joint graph as planned; ``saved`` and ``recomputed`` name its values the plan saves and the
+    forward ops it recomputes."""
     names = {n.name for n in dynamo.graph.nodes}
     origin: dict[fx.Node, str] = {}
     for n in joint.graph.nodes:
@@ -66,14 +68,17 @@ def whole_plan_values(joint: fx.GraphModule, saved: set[str], dynamo: fx.GraphMo
             if found:
                 origin[n] = found[0]
     kept: set[str] = set()
+    again: set[str] = set()
     pinned: set[str] = set()
     for n, d in origin.items():
         if is_impure(n):
             pinned.add(d)
+        if n.name in recomputed:
+            again.add(d)
         read_elsewhere = any(u.op == "output" or (u in origin and origin[u] != d) for u in n.users)
         if read_elsewhere and _keeps(n, saved):
             kept.add(d)
-    return kept, pinned
+    return kept, again - pinned
 
 
 def _keeps(node: fx.Node, saved: set[str]) -> bool:
@@ -90,22 +95,23 @@ def _tensor(node: fx.Node) -> bool:
     return isinstance(node.meta.get("example_value"), torch.Tensor)
 
 
-def _movable(node: fx.Node, kept: set[str], pinned: set[str]) -> bool:
-    if node.op not in ("call_function", "call_method") or node.name in kept or node.name in pinned:
+def _movable(node: fx.Node, kept: set[str], recomputed: set[str]) -> bool:
+    if node.op not in ("call_function", "call_method") or node.name in kept or node.name not in recomputed:
         return False
     if not _tensor(node) or any(u.op == "output" for u in node.users):
         return False
     return all(a.op == "placeholder" or _tensor(a) for a in node.all_input_nodes)
 
 
-def regroup(dynamo: fx.GraphModule, piece: dict[fx.Node, int], kept: set[str], pinned: set[str]) -> dict[fx.Node, int]:
+def regroup(dynamo: fx.GraphModule, piece: dict[fx.Node, int], kept: set[str],
+            recomputed: set[str]) -> dict[fx.Node, int]:
     """``piece`` (the bucket piece of each node of ``dynamo``, as DDP's split chose it) with every
-    movable node whose value the whole plan does not keep moved to the first piece that reads
-    it, when only later pieces do. One pass from the last node back: a chain that feeds only a
-    later piece moves whole. See Note [Bucket pieces keep the whole plan]."""
+    node the whole plan recomputes (and does not keep) moved to the first piece that reads it,
+    when only later pieces do. One pass from the last node back: a recomputed chain that feeds
+    only a later piece moves whole. See Note [Bucket pieces keep the whole plan]."""
     moved = dict(piece)
     for n in reversed(dynamo.graph.nodes):
-        if n not in moved or not _movable(n, kept, pinned):
+        if n not in moved or not _movable(n, kept, recomputed):
             continue
         readers = [moved[u] for u in n.users if u in moved]
         if readers and min(readers) > moved[n]:

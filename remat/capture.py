@@ -79,6 +79,9 @@ class RematBackend:
         """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
         self._warned_breaks = False
         self._planned: Callable[[str], None] | None = None
+        self.split_ddp = False
+        """Whether remat splits graphs at DDP's gradient buckets itself (set per call by
+        ``distributed.remat_splits_ddp``; with ``torch.compile(backend="remat")`` Dynamo does)."""
         self.joints: list[fx.GraphModule] | None = [] if keep_joints else None
         """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
 
@@ -110,7 +113,7 @@ class RematBackend:
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
-        ddp = None if self.explain_only else compat.active_ddp_module()
+        ddp = compat.active_ddp_module() if self.split_ddp and not self.explain_only else None
         if ddp is not None:
             return self._compile_by_bucket(gm, example_inputs, ddp.bucket_bytes_cap)
         return self._compile(gm, example_inputs)
@@ -121,12 +124,14 @@ class RematBackend:
         piece. See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
         whole = RematBackend(self.options, explain_only=True, keep_joints=True)
         whole(fx.GraphModule(gm, copy.deepcopy(gm.graph)), example_inputs)  # plans a copy, compiles nothing
+        kept: set[str] = set()
+        again: set[str] = set()  # no training graph, or its planning fell back: split as Dynamo does
         if whole.plans and whole.joints and whole.plans[0].fallback is None:
-            kept, pinned = buckets.whole_plan_values(whole.joints[0], {s.name for s in whole.plans[0].saved}, gm)
-        else:  # no training graph, or its planning fell back: split as Dynamo does
-            kept, pinned = set(), {n.name for n in gm.graph.nodes}
+            plan = whole.plans[0]
+            kept, again = buckets.whole_plan_values(whole.joints[0], {s.name for s in plan.saved},
+                                                    set(plan.recomputed), gm)
         return compat.ddp_bucket_split(gm, example_inputs, bucket_bytes_cap, self._compile,
-                                       lambda g, piece: buckets.regroup(g, piece, kept, pinned))
+                                       lambda g, piece: buckets.regroup(g, piece, kept, again))
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         """Plan and compile one graph with this backend's options."""

@@ -40,6 +40,7 @@ __all__ = [
     "ordered_set",
     "measure_cpu_peak_bytes",
     "active_ddp_module",
+    "dynamo_splits_ddp",
     "ddp_bucket_split",
     "dynamo_origins",
 ]
@@ -116,6 +117,14 @@ def active_ddp_module() -> Any:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel._get_active_ddp_module()
+
+
+def dynamo_splits_ddp() -> bool:
+    """Whether Dynamo's settings ask for graphs split at DDP's buckets: ``optimize_ddp`` left at
+    its default (``torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"``, 2.13)."""
+    from torch._dynamo.utils import get_optimize_ddp_mode
+
+    return get_optimize_ddp_mode() == "ddp_optimizer"
 
 
 def ddp_bucket_split(gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int,
