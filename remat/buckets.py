@@ -103,17 +103,40 @@ def _movable(node: fx.Node, kept: set[str], recomputed: set[str]) -> bool:
     return all(a.op == "placeholder" or _tensor(a) for a in node.all_input_nodes)
 
 
+_SWITCHES = frozenset({"_enter_autocast", "_exit_autocast", "_set_grad_enabled"})
+
+
+def _switch(node: fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__name__", "") in _SWITCHES
+
+
 def regroup(dynamo: fx.GraphModule, piece: dict[fx.Node, int], kept: set[str],
             recomputed: set[str]) -> dict[fx.Node, int]:
-    """``piece`` (the bucket piece of each node of ``dynamo``, as DDP's split chose it) with every
-    node the whole plan recomputes (and does not keep) moved to the first piece that reads it,
-    when only later pieces do. One pass from the last node back: a recomputed chain that feeds
-    only a later piece moves whole. See Note [Bucket pieces keep the whole plan]."""
+    """``piece`` (the bucket piece of each node of ``dynamo``, as DDP's split chose it) with the
+    nodes the whole plan recomputes (and does not keep) computed by the pieces that read them:
+    a node only later pieces read moves to the first of them; a node its own piece reads too
+    stays and gets a copy (``dynamo`` changes in place) in each later piece that reads it. One
+    pass from the last node back, so a recomputed chain follows its readers back to values the
+    whole plan keeps. Graphs with autocast or grad-mode switches are left as they are (the
+    split replays those regions per piece). See Note [Bucket pieces keep the whole plan]."""
     moved = dict(piece)
-    for n in reversed(dynamo.graph.nodes):
+    if any(_switch(n) for n in dynamo.graph.nodes):
+        return moved
+    for n in reversed(list(dynamo.graph.nodes)):
         if n not in moved or not _movable(n, kept, recomputed):
             continue
-        readers = [moved[u] for u in n.users if u in moved]
-        if readers and min(readers) > moved[n]:
-            moved[n] = min(readers)
+        later = sorted({moved[u] for u in n.users if u in moved and moved[u] > moved[n]})
+        if not later:
+            continue
+        if not any(moved[u] == moved[n] for u in n.users if u in moved):
+            moved[n] = later.pop(0)
+        for p in later:
+            with dynamo.graph.inserting_after(n):
+                copy = dynamo.graph.node_copy(n)
+            copy.meta = dict(n.meta)
+            moved[copy] = p
+            for u in [u for u in n.users if u is not copy and moved.get(u) == p]:
+                u.replace_input_with(n, copy)
+    dynamo.graph.lint()
+    dynamo.recompile()
     return moved

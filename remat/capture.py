@@ -5,6 +5,7 @@ with remat's partition function."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -122,8 +123,12 @@ class RematBackend:
         """Split ``gm`` at DDP's gradient buckets as Dynamo would, after moving to later pieces
         the values the whole graph's plan recomputes and only later pieces read; compile each
         piece. See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
-        whole = RematBackend(self.options, explain_only=True, keep_joints=True)
-        whole(fx.GraphModule(gm, copy.deepcopy(gm.graph)), example_inputs)  # plans a copy, compiles nothing
+        # The default plan: a budget bounds each piece's plan (README: per graph), and the
+        # whole graph may not fit a budget that each piece fits.
+        whole = RematBackend(dataclasses.replace(self.options, budget=None), explain_only=True, keep_joints=True)
+        copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        copied.meta.update(gm.meta)
+        whole(copied, example_inputs)  # plans a copy (Inductor's passes change graphs in place), compiles nothing
         kept: set[str] = set()
         again: set[str] = set()  # no training graph, or its planning fell back: split as Dynamo does
         if whole.plans and whole.joints and whole.plans[0].fallback is None:
