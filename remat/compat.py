@@ -6,6 +6,7 @@ Checked on: torch 2.13.0 (CPU, this project's CI) and torch 2.11.0 (CUDA, the GP
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "measure_cpu_peak_bytes",
     "active_ddp_module",
     "dynamo_splits_ddp",
+    "can_split_ddp",
     "ddp_bucket_split",
     "dynamo_origins",
 ]
@@ -121,10 +123,30 @@ def active_ddp_module() -> Any:
 
 def dynamo_splits_ddp() -> bool:
     """Whether Dynamo's settings ask for graphs split at DDP's buckets: ``optimize_ddp`` left at
-    its default (``torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"``, 2.13)."""
-    from torch._dynamo.utils import get_optimize_ddp_mode
+    its default (``torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"``, 2.13; where
+    that function is missing, ``torch._dynamo.config.optimize_ddp`` is True or "ddp_optimizer")."""
+    import torch._dynamo
 
+    try:
+        from torch._dynamo.utils import get_optimize_ddp_mode
+    except ImportError:
+        return torch._dynamo.config.optimize_ddp in (True, "ddp_optimizer")
     return get_optimize_ddp_mode() == "ddp_optimizer"
+
+
+@functools.cache
+def can_split_ddp() -> bool:
+    """Whether this torch's DDPOptimizer is the one ``ddp_bucket_split`` was written against: it
+    takes ``bucket_bytes_cap`` and ``backend_compile_fn`` and splits through
+    ``fx.passes.split_module.split_module`` (2.13). Where not, remat leaves the split to Dynamo."""
+    try:
+        from torch._dynamo.backends.distributed import DDPOptimizer
+
+        params = inspect.signature(DDPOptimizer.__init__).parameters
+        source = inspect.getsource(DDPOptimizer.compile_fn)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return False
+    return {"bucket_bytes_cap", "backend_compile_fn"} <= params.keys() and "split_module.split_module(" in source
 
 
 def ddp_bucket_split(gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int,

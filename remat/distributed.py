@@ -94,9 +94,13 @@ def remat_splits_ddp(backend: Any) -> Iterator[None]:
     """Around each call of a remat-wrapped model: remat, not Dynamo, splits its graphs at DDP's
     gradient buckets (Note [Bucket pieces keep the whole plan] in ``remat/buckets.py``).
     ``backend.split_ddp`` records whether the user's Dynamo settings ask for the split (a user
-    who set ``optimize_ddp = False`` gets one graph, as with torch.compile); Dynamo's own split
-    is off for the call."""
-    backend.split_ddp = compat.dynamo_splits_ddp()
+    who set ``optimize_ddp = False`` gets one graph, as with torch.compile) and this torch's
+    DDPOptimizer is the one remat drives (``compat.can_split_ddp``); if so, Dynamo's own split is
+    off for the call, else Dynamo splits as usual."""
+    backend.split_ddp = compat.dynamo_splits_ddp() and compat.can_split_ddp()
+    if not backend.split_ddp:  # the user asked for one graph, or this torch splits otherwise: Dynamo decides
+        yield
+        return
     with unsplit_by_ddp():
         yield
 
