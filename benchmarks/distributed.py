@@ -46,7 +46,9 @@ boundary counts for the block that computes it). With a budget the unsplit plan 
 the same budget for the whole model as one graph, while the split model's graphs each get it
 whole, so there the "split cost" also shows that a budget is per graph.
 
-Writes ``distributed.json`` (after every row) and ``distributed.md`` to ``--out`` (rank 0).
+Rows run wrapper by wrapper (DDP's for every model, then FSDP2's); ``--time-limit-min`` starts no
+row past that many minutes. Writes ``distributed.json`` (after every row) and ``distributed.md``
+to ``--out`` (rank 0).
 """
 
 from __future__ import annotations
@@ -346,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="per-rank batch instead of the benchmark's (GPT-2 8 1024, Llama 8 2048)")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="default: bf16 on GPUs, fp32 on CPU")
+    parser.add_argument("--time-limit-min", type=float, default=None,
+                        help="start no row after this many minutes (the rows left are listed as not run)")
     parser.add_argument("--bucket-cap-mb", type=float, default=None,
                         help="DDP's bucket_cap_mb (default: DDP's, 25; at least 1)")
     parser.add_argument("--ckpt-peak-mib", type=float, default=None,
@@ -373,19 +377,27 @@ def main(argv: list[str] | None = None) -> None:
             "device": torch.cuda.get_device_name(device) if cuda else "cpu", "dtype": str(dtype),
             "compile_backend": args.compile_backend, "remat_backend": args.remat_backend, "tiny": args.tiny,
             "warmup": args.warmup, "iters": args.iters, "bucket_cap_mb": args.bucket_cap_mb,
+            "time_limit_min": args.time_limit_min,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     rows: list[dict] = []
-    for name in args.models:
-        for wrapper in args.wrappers:
+    deadline = None if args.time_limit_min is None else time.monotonic() + 60 * args.time_limit_min
+    for wrapper in args.wrappers:  # wrapper first: DDP's rows (the split cost) for every model come first
+        for name in args.models:
             ckpt_peak = None if args.ckpt_peak_mib is None else args.ckpt_peak_mib * MiB
             for strategy in args.strategies:
-                try:
-                    row = measure(name, wrapper, strategy, args, device, dtype, ckpt_peak)
-                except Exception as e:  # noqa: BLE001 - record it (OOM, infeasible budget) and go on
+                # every rank takes the same decision (a rank left alone in a row's collectives would hang)
+                late = max_over_ranks(float(deadline is not None and time.monotonic() > deadline), device)
+                if late:
                     row = {"model": name, "wrapper": wrapper, "strategy": strategy,
-                           "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-                    if rank == 0:
-                        traceback.print_exc()
+                           "error": f"not run: --time-limit-min {args.time_limit_min} reached"}
+                else:
+                    try:
+                        row = measure(name, wrapper, strategy, args, device, dtype, ckpt_peak)
+                    except Exception as e:  # noqa: BLE001 - record it (OOM, infeasible budget) and go on
+                        row = {"model": name, "wrapper": wrapper, "strategy": strategy,
+                               "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+                        if rank == 0:
+                            traceback.print_exc()
                 if strategy == "compile+ckpt" and row.get("peak_bytes"):
                     ckpt_peak = row["peak_bytes"]
                 cleanup(device)
