@@ -8,29 +8,37 @@ and communication overlap). Each piece is a separate autograd function: a value 
 computes and a later one reads is an *input* of the later piece, and if that piece's backward
 needs it, the piece must keep it, since it cannot recompute its own inputs. Dynamo cuts
 wherever a bucket fills up, often between a cheap op and the matmul that reads it (the SiLU
-product before Llama's ``down_proj``, the RMSNorm output before ``lm_head``): the whole graph's
-plan recomputes those values from what it saves, the pieces have to keep them. Measured on a
-scaled HF Llama, this cost 18% of remat's saving.
+product before Llama's ``down_proj``, the RMSNorm output before ``lm_head``, the float32 cast of
+the residual inside RMSNorm): the whole graph's plan recomputes those values from what it
+saves, the pieces had to keep them (``benchmarks/README.md`` has the measured cost, before and
+after).
 
-So remat splits DDP graphs itself (``capture.RematBackend``, with Dynamo's own DDP split turned
-off for remat's frames, ``distributed.remat_splits_ddp``):
+So remat splits DDP graphs itself (``capture.RematBackend._compile_by_bucket``, with Dynamo's
+own DDP split turned off for remat's calls, ``distributed.remat_splits_ddp``):
 
-1. it plans the whole graph once (planning only, nothing compiled) and reads which of Dynamo's
-   nodes produce a value that plan keeps (``whole_plan_values``);
+1. it plans the whole graph once (planning only, nothing compiled; the default plan, since a
+   budget is per piece) and reads, through each joint-graph node's Dynamo origin, which of
+   Dynamo's nodes produce a value that plan keeps and which ones it recomputes
+   (``whole_plan_values``);
 2. it splits the graph at the same buckets as Dynamo (``compat.ddp_bucket_split``, Dynamo's own
-   code), but first moves to a later piece every node whose value the whole plan does not keep
-   and that only later pieces read (``regroup``): its consumer then computes it, and the pieces
-   exchange values the whole plan keeps (or graph inputs) instead;
+   code), after letting the pieces that read a recomputed value compute it themselves
+   (``regroup``): an op only later pieces read moves to the first of them; an op its own piece
+   reads too gets a copy in each later piece that reads it (the forward runs that cheap op once
+   more; the whole plan runs it again in the backward anyway). Following the readers back, the
+   pieces end up passing each other values the whole plan keeps, or graph inputs;
 3. each piece is planned and compiled as before (one plan per piece in ``compiled_plans``, the
    rank check per piece).
 
-Moving a node to a later piece never delays a gradient: pieces run their backward in reverse
-order, so a parameter read by a moved node (an RMSNorm weight) gets its gradient earlier, and
-the bucket it belongs to in DDP's reducer is ready no later. The forward computes the same ops,
-in the same pieces' order. Nodes are never moved when that could change what runs: random ops
-(dropout keeps its place in the random stream), mutations and collectives, nodes that do not
-produce a tensor (autocast and grad-mode switches), and nodes with a non-tensor input computed
-in the graph (so only tensors cross a boundary that remat made).
+Only ops the whole plan recomputes move (pointwise ops, casts, views, the masks and rotary
+tables models build from positions), never a matmul it saves nor what it neither saves nor
+recomputes (a residual add), so the pieces keep DDP's buckets and their order. A moved op's
+parameter (an RMSNorm weight) gets its gradient in the later piece, whose backward runs first,
+so that gradient is ready earlier; the later piece's own gradients wait for the moved ops'
+backward, a few pointwise kernels. Ops are never moved when that could change what runs: random
+ops (dropout keeps its place in the random stream), mutations and collectives, ops that do not
+produce a tensor, ops with a non-tensor input computed in the graph (only tensors cross a
+boundary remat made), and every op of a graph with autocast or grad-mode switches (the split
+replays those regions per piece, by position).
 """
 
 from __future__ import annotations

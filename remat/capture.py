@@ -120,23 +120,29 @@ class RematBackend:
         return self._compile(gm, example_inputs)
 
     def _compile_by_bucket(self, gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int) -> Any:
-        """Split ``gm`` at DDP's gradient buckets as Dynamo would, after moving to later pieces
-        the values the whole graph's plan recomputes and only later pieces read; compile each
-        piece. See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
-        # The default plan: a budget bounds each piece's plan (README: per graph), and the
-        # whole graph may not fit a budget that each piece fits.
+        """Split ``gm`` at DDP's gradient buckets as Dynamo would, after letting the pieces that
+        read a value the whole graph's plan recomputes compute it themselves; compile each piece.
+        See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
+
+        def regroup(g: fx.GraphModule, piece: dict[fx.Node, int]) -> dict[fx.Node, int]:
+            # called only when there are two buckets or more: a one-bucket graph is planned once
+            return buckets.regroup(g, piece, *self._whole_plan_values(gm, example_inputs))
+
+        return compat.ddp_bucket_split(gm, example_inputs, bucket_bytes_cap, self._compile, regroup)
+
+    def _whole_plan_values(self, gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[set[str], set[str]]:
+        """``buckets.whole_plan_values`` of ``gm``'s default plan (a budget bounds each piece's
+        plan, README: per graph; the whole graph may not fit a budget each piece fits), planned
+        on a copy (Inductor's passes change graphs in place) without compiling it. Empty sets
+        (split as Dynamo does) when there is no training graph or its planning fell back."""
         whole = RematBackend(dataclasses.replace(self.options, budget=None), explain_only=True, keep_joints=True)
         copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
         copied.meta.update(gm.meta)
-        whole(copied, example_inputs)  # plans a copy (Inductor's passes change graphs in place), compiles nothing
-        kept: set[str] = set()
-        again: set[str] = set()  # no training graph, or its planning fell back: split as Dynamo does
-        if whole.plans and whole.joints and whole.plans[0].fallback is None:
-            plan = whole.plans[0]
-            kept, again = buckets.whole_plan_values(whole.joints[0], {s.name for s in plan.saved},
-                                                    set(plan.recomputed), gm)
-        return compat.ddp_bucket_split(gm, example_inputs, bucket_bytes_cap, self._compile,
-                                       lambda g, piece: buckets.regroup(g, piece, kept, again))
+        whole(copied, example_inputs)
+        if not whole.plans or not whole.joints or whole.plans[0].fallback is not None:
+            return set(), set()
+        plan = whole.plans[0]
+        return buckets.whole_plan_values(whole.joints[0], {s.name for s in plan.saved}, set(plan.recomputed), gm)
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         """Plan and compile one graph with this backend's options."""
