@@ -273,8 +273,10 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
     peak = max_over_ranks(step_peak_bytes(fn, model, ids, device), device)
     row["peak_bytes"] = None if peak is None else int(peak)
     if strategy.startswith("remat"):
-        row["kept_bytes"] = kept_bytes(fn, model, ids) if wrapper == "ddp" else None
         plans = remat.compiled_plans(fn)
+        row["kept_bytes"] = kept_bytes(fn, model, ids) if wrapper == "ddp" else None
+        if len(remat.compiled_plans(fn)) != len(plans):  # the hooks made Dynamo recompile: not the step measured
+            row["kept_bytes"] = None
         row["graphs"] = len(plans)
         row["saved_bytes"] = sum(p.saved_bytes for p in plans)
         row["eager_saved_bytes"] = sum(p.eager_saved_bytes for p in plans)
@@ -287,7 +289,8 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
         same = row["unsplit_saved_bytes"] if wrapper == "ddp" else row["unsplit_block_saved_bytes"]
         row["split_cost_plans_bytes"] = row["saved_bytes"] - same  # a tensor two graphs save counts twice
         # DDP: what the bucket graphs keep at runtime, each storage once; FSDP: the plans' sum.
-        row["split_cost_bytes"] = (row["kept_bytes"] if wrapper == "ddp" else row["saved_bytes"]) - same
+        kept = row["kept_bytes"] if wrapper == "ddp" and row["kept_bytes"] is not None else row["saved_bytes"]
+        row["split_cost_bytes"] = kept - same
         saving = row["unsplit_eager_saved_bytes"] - row["unsplit_saved_bytes"]  # remat's saving, one graph
         row["split_cost_of_saving"] = round(row["split_cost_bytes"] / saving, 4) if saving > 0 else None
     return row
