@@ -4,11 +4,15 @@ graph splits, on HF GPT-2 124M and HF Llama (1024 wide, 12 layers), bf16, any wo
     torchrun --nproc-per-node 1 benchmarks/distributed.py --out out/            # one H200
     torchrun --nproc-per-node 8 benchmarks/distributed.py --models llama --wrappers fsdp --out out/
     torchrun --nproc-per-node 2 benchmarks/distributed.py --tiny --out out/     # CPU smoke run (gloo)
+    torchrun --nproc-per-node 1 benchmarks/distributed.py --wrappers ddp --strategies remat --remat-backend eager \
+        --dtype bf16 --batch 1 256 --warmup 0 --iters 1 --out out/              # CPU: split cost at full size
 
 Wrappers (how each strategy is composed with the distributed engine):
-- ``ddp``: DistributedDataParallel with its default bucket size (25 MiB). Dynamo's DDPOptimizer
-  splits a compiled model's graph at the bucket boundaries, so both compiled strategies run one
-  graph per bucket: ``torch.compile(DDP(model))`` and ``DDP(remat.checkpoint(model))``.
+- ``ddp``: DistributedDataParallel with its default bucket size (25 MiB; ``--bucket-cap-mb``).
+  Dynamo's DDPOptimizer splits a compiled model's graph at the bucket boundaries (remat splits
+  its graphs at the same boundaries itself, after planning the whole graph: Note [Bucket pieces
+  keep the whole plan] in ``remat/buckets.py``), so both compiled strategies run one graph per
+  bucket: ``torch.compile(DDP(model))`` and ``DDP(remat.checkpoint(model))``.
 - ``fsdp``: FSDP2 per block in torchtitan's order: per-block checkpointing and compile (or
   ``remat.checkpoint`` per block), then ``fully_shard`` per block and on the root.
 
@@ -29,8 +33,12 @@ minus ``memory_allocated`` just before it, the largest over ranks (on CPU: the p
 allocation timeline, ``remat.compat.measure_cpu_peak_bytes``). "graphs" is the
 number of plans remat made on a rank (``remat.compiled_plans``); "saved" is the bytes those
 plans keep for the backward, and "unsplit saved" the bytes remat's plan of the same model, not
-wrapped, as one graph keeps (``remat.explain`` on one rank's batch, with the same budget); their
-difference ("split cost") is what graph splits cost in saved bytes, also given as a fraction of
+wrapped, as one graph keeps (``remat.explain`` on one rank's batch, with the same budget). Under
+DDP, "kept" is what the bucket graphs really keep: the distinct storages autograd saves during
+one forward (``kept_bytes``; a tensor that two bucket graphs both save, one's output and the
+next one's input, counts once, while the plans' sum counts it twice). The "split cost" is what
+graph splits cost in saved bytes: DDP's kept bytes minus the unsplit plan's saved bytes
+(``split_cost_plans_bytes`` is the same with the plans' sum), also given as a fraction of
 remat's saving on the unsplit graph (eager autograd's saved bytes minus remat's there). Under FSDP per block remat
 plans the blocks only (embeddings, head and loss run outside it), so there the split cost is
 taken against the unsplit plan's saved bytes in the blocks (by module path; a value at a block
@@ -38,7 +46,9 @@ boundary counts for the block that computes it). With a budget the unsplit plan 
 the same budget for the whole model as one graph, while the split model's graphs each get it
 whole, so there the "split cost" also shows that a budget is per graph.
 
-Writes ``distributed.json`` (after every row) and ``distributed.md`` to ``--out`` (rank 0).
+Rows run wrapper by wrapper (DDP's for every model, then FSDP2's); ``--time-limit-min`` starts no
+row past that many minutes. Writes ``distributed.json`` (after every row) and ``distributed.md``
+to ``--out`` (rank 0).
 """
 
 from __future__ import annotations
@@ -105,12 +115,14 @@ def blocks_of(model: nn.Module) -> nn.ModuleList:
 
 
 def wrap(model: nn.Module, wrapper: str, strategy: str, *, budget: int | None, compile_backend: str,
-         remat_backend: str, device: torch.device) -> nn.Module:
+         remat_backend: str, device: torch.device, bucket_cap_mb: float | None = None) -> nn.Module:
     """``model`` (changed in place) composed with ``strategy`` under ``wrapper``; returns what to call."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp_kw: dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    if bucket_cap_mb is not None:
+        ddp_kw["bucket_cap_mb"] = bucket_cap_mb
     blocks = blocks_of(model)
     if strategy == "compile+ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -182,6 +194,26 @@ def step_peak_bytes(fn: Callable, model: nn.Module, ids: torch.Tensor, device: t
     return torch.cuda.max_memory_allocated(device) - before
 
 
+def kept_bytes(fn: Callable, model: nn.Module, ids: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for the backward during one forward, other
+    than parameters and buffers (``torch.autograd.graph.saved_tensors_hooks``): what the step's
+    graphs really keep, a tensor two bucket graphs both save counted once."""
+    state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in state:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return sum(seen.values())
+
+
 def max_over_ranks(value: float | None, device: torch.device) -> float | None:
     """The largest value over ranks; None if any rank has none. Every rank must call it."""
     t = torch.tensor([-1.0 if value is None else float(value), 1.0 if value is None else 0.0],
@@ -227,7 +259,7 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
         row["error"] = "needs compile+ckpt's measured peak first"
         return row
     fn = wrap(model, wrapper, strategy, budget=budget, compile_backend=args.compile_backend,
-              remat_backend=args.remat_backend, device=device)
+              remat_backend=args.remat_backend, device=device, bucket_cap_mb=args.bucket_cap_mb)
     t = time.perf_counter()
     row["loss"] = one_step(fn, model, ids).item()
     sync(device)
@@ -242,6 +274,9 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
     row["peak_bytes"] = None if peak is None else int(peak)
     if strategy.startswith("remat"):
         plans = remat.compiled_plans(fn)
+        row["kept_bytes"] = kept_bytes(fn, model, ids) if wrapper == "ddp" else None
+        if len(remat.compiled_plans(fn)) != len(plans):  # the hooks made Dynamo recompile: not the step measured
+            row["kept_bytes"] = None
         row["graphs"] = len(plans)
         row["saved_bytes"] = sum(p.saved_bytes for p in plans)
         row["eager_saved_bytes"] = sum(p.eager_saved_bytes for p in plans)
@@ -252,7 +287,10 @@ def measure(name: str, wrapper: str, strategy: str, args: argparse.Namespace, de
         # DDP: the same model in both; FSDP per block: remat plans the blocks only (embeddings,
         # head and loss run outside it), so compare with the unsplit plan's bytes in the blocks.
         same = row["unsplit_saved_bytes"] if wrapper == "ddp" else row["unsplit_block_saved_bytes"]
-        row["split_cost_bytes"] = row["saved_bytes"] - same
+        row["split_cost_plans_bytes"] = row["saved_bytes"] - same  # a tensor two graphs save counts twice
+        # DDP: what the bucket graphs keep at runtime, each storage once; FSDP: the plans' sum.
+        kept = row["kept_bytes"] if wrapper == "ddp" and row["kept_bytes"] is not None else row["saved_bytes"]
+        row["split_cost_bytes"] = kept - same
         saving = row["unsplit_eager_saved_bytes"] - row["unsplit_saved_bytes"]  # remat's saving, one graph
         row["split_cost_of_saving"] = round(row["split_cost_bytes"] / saving, 4) if saving > 0 else None
     return row
@@ -266,8 +304,8 @@ def mib(n: float | None) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | wrapper | strategy | step ms | peak MiB | graphs | saved MiB | unsplit saved MiB (in blocks) "
-             "| split cost MiB (of saving) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | wrapper | strategy | step ms | peak MiB | graphs | saved MiB (kept) "
+             "| unsplit saved MiB (in blocks) | split cost MiB (of saving) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r["model"], r["wrapper"], r["strategy"]]
         if "error" in r:
@@ -275,7 +313,8 @@ def markdown(rows: list[dict]) -> str:
             continue
         cells += [f"{r['step_ms']:.2f}", mib(r["peak_bytes"])]
         if "graphs" in r:
-            cells += [str(r["graphs"]), mib(r["saved_bytes"]),
+            cells += [str(r["graphs"]), mib(r["saved_bytes"]) + ("" if r.get("kept_bytes") is None
+                                                                   else f" ({mib(r['kept_bytes'])})"),
                       f"{mib(r['unsplit_saved_bytes'])} ({mib(r['unsplit_block_saved_bytes'])})",
                       mib(r["split_cost_bytes"]) + ("" if r.get("split_cost_of_saving") is None
                                                      else f" ({r['split_cost_of_saving']:.1%})")]
@@ -312,6 +351,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="per-rank batch instead of the benchmark's (GPT-2 8 1024, Llama 8 2048)")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="default: bf16 on GPUs, fp32 on CPU")
+    parser.add_argument("--time-limit-min", type=float, default=None,
+                        help="start no row after this many minutes (the rows left are listed as not run)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="DDP's bucket_cap_mb (default: DDP's, 25; at least 1)")
     parser.add_argument("--ckpt-peak-mib", type=float, default=None,
                         help="budget of 'remat @ckpt peak' when compile+ckpt is not measured in this run "
                              "(e.g. from an earlier run's JSON, per model and wrapper: run them one at a time)")
@@ -336,20 +379,28 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "world_size": dist.get_world_size(),
             "device": torch.cuda.get_device_name(device) if cuda else "cpu", "dtype": str(dtype),
             "compile_backend": args.compile_backend, "remat_backend": args.remat_backend, "tiny": args.tiny,
-            "warmup": args.warmup, "iters": args.iters,
+            "warmup": args.warmup, "iters": args.iters, "bucket_cap_mb": args.bucket_cap_mb,
+            "time_limit_min": args.time_limit_min,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     rows: list[dict] = []
-    for name in args.models:
-        for wrapper in args.wrappers:
+    deadline = None if args.time_limit_min is None else time.monotonic() + 60 * args.time_limit_min
+    for wrapper in args.wrappers:  # wrapper first: DDP's rows (the split cost) for every model come first
+        for name in args.models:
             ckpt_peak = None if args.ckpt_peak_mib is None else args.ckpt_peak_mib * MiB
             for strategy in args.strategies:
-                try:
-                    row = measure(name, wrapper, strategy, args, device, dtype, ckpt_peak)
-                except Exception as e:  # noqa: BLE001 - record it (OOM, infeasible budget) and go on
+                # every rank takes the same decision (a rank left alone in a row's collectives would hang)
+                late = max_over_ranks(float(deadline is not None and time.monotonic() > deadline), device)
+                if late:
                     row = {"model": name, "wrapper": wrapper, "strategy": strategy,
-                           "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-                    if rank == 0:
-                        traceback.print_exc()
+                           "error": f"not run: --time-limit-min {args.time_limit_min} reached"}
+                else:
+                    try:
+                        row = measure(name, wrapper, strategy, args, device, dtype, ckpt_peak)
+                    except Exception as e:  # noqa: BLE001 - record it (OOM, infeasible budget) and go on
+                        row = {"model": name, "wrapper": wrapper, "strategy": strategy,
+                               "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+                        if rank == 0:
+                            traceback.print_exc()
                 if strategy == "compile+ckpt" and row.get("peak_bytes"):
                     ckpt_peak = row["peak_bytes"]
                 cleanup(device)

@@ -26,6 +26,7 @@ PEAK = "peak-check-h200.json"
 PEAK_DEEP = "peak-check-h200-deep.json"
 EAGER_OVERHEAD = "eager-overhead-cpu.json"
 OLDER = "results-h200-run5.json"
+DDP_SPLIT = ("distributed-cpu-split-before.json", "distributed-cpu-split-after.json")
 MIB = 1 << 20
 
 
@@ -164,9 +165,33 @@ def compile_variants() -> str:
     return "\n".join(lines)
 
 
+def ddp_split() -> str:
+    """Saved bytes lost to DDP's bucket splits, before and after remat split them itself
+    (``distributed.py --wrappers ddp --strategies remat`` on CPU)."""
+    before, after = (_load(name) for name in DDP_SPLIT)
+    lines = _header(["model", "bucket graphs", "unsplit plan saves", "remat's saving", "split cost before",
+                     "before, plans' sum", "split cost after", "after, plans' sum"])
+
+    def cost(r: dict, key: str) -> str:
+        saving = r["unsplit_eager_saved_bytes"] - r["unsplit_saved_bytes"]
+        return f"{r[key] / MIB:.2f} MiB ({r[key] / saving:.1%})"
+
+    for b, a in zip(before["rows"], after["rows"]):
+        saving = a["unsplit_eager_saved_bytes"] - a["unsplit_saved_bytes"]
+        lines.append(f"| {a['model']} | {b['graphs']} / {a['graphs']} | {a['unsplit_saved_bytes'] / MIB:.1f} MiB | "
+                     f"{saving / MIB:.1f} MiB | {cost(b, 'split_cost_bytes')} | {cost(b, 'split_cost_plans_bytes')} | "
+                     f"{cost(a, 'split_cost_bytes')} | {cost(a, 'split_cost_plans_bytes')} |")
+    m = after["meta"]
+    batch = "x".join(map(str, after["rows"][0]["batch_per_rank"]))
+    lines += ["", f"(CPU, torch {m['torch'].split('+')[0]}, {str(m['dtype']).removeprefix('torch.')}, world size "
+              f"{m['world_size']}, batch {batch} per rank, DDP's default buckets, remat's uncompiled backend; "
+              f"`benchmarks/{DDP_SPLIT[0]}`, `benchmarks/{DDP_SPLIT[1]}`)"]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
-    "eager-overhead": eager_overhead, "compile-variants": compile_variants,
+    "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 

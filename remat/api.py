@@ -191,7 +191,9 @@ def checkpoint(
             # Eval mode runs the module as written: no joint graph is planned for inference.
             if not wrapped.training:
                 return wrapped._call_impl(*args, **kwargs)
-            return _finish(rb, compiled(*args, **kwargs), 3)  # call <- Module.__call__ <- user
+            with distributed.remat_splits_ddp(rb):
+                out = compiled(*args, **kwargs)
+            return _finish(rb, out, 3)  # call <- Module.__call__ <- user
 
         call._remat_call = True  # type: ignore[attr-defined]  # see _remat_modules
         wrapped.__dict__["_compiled_call_impl"] = call
@@ -203,7 +205,9 @@ def checkpoint(
 
         @functools.wraps(model)
         def run(*args: Any, **kwargs: Any) -> Any:
-            return _finish(rb, compiled(*args, **kwargs), 2)  # run <- user
+            with distributed.remat_splits_ddp(rb):
+                out = compiled(*args, **kwargs)
+            return _finish(rb, out, 2)  # run <- user
 
         setattr(run, _ATTR, rb)
         return run  # type: ignore[return-value]

@@ -4,6 +4,8 @@ with remat's partition function."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -11,7 +13,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import compat, distributed
+from . import buckets, compat, distributed
 from .backends import backend_for
 from .logs import planning, warn_at_user
 from .options import Options
@@ -45,6 +47,8 @@ def _watched(partition: Callable[..., Any], backend: RematBackend) -> Callable[.
     @functools.wraps(partition)
     def run(joint: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         label = f"graph {len(backend.plans) + 1}"
+        if backend.joints is not None:
+            backend.joints.append(joint)
         try:
             with warnings.catch_warnings(record=True) as caught, planning(label, len(joint.graph.nodes)) as done:
                 warnings.simplefilter("always")
@@ -65,7 +69,8 @@ class RematBackend:
     """A Dynamo backend. ``plans`` collects one Plan per captured training graph, in capture
     order. With ``explain_only``, graphs are planned but run uncompiled and never trained."""
 
-    def __init__(self, options: Options, *, explain_only: bool = False, want_frontier: bool = False):
+    def __init__(self, options: Options, *, explain_only: bool = False, want_frontier: bool = False,
+                 keep_joints: bool = False):
         self.options = options
         self.explain_only = explain_only
         self.want_frontier = want_frontier
@@ -75,6 +80,11 @@ class RematBackend:
         """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
         self._warned_breaks = False
         self._planned: Callable[[str], None] | None = None
+        self.split_ddp = False
+        """Whether remat splits graphs at DDP's gradient buckets itself (set per call by
+        ``distributed.remat_splits_ddp``; with ``torch.compile(backend="remat")`` Dynamo does)."""
+        self.joints: list[fx.GraphModule] | None = [] if keep_joints else None
+        """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
 
     def warn_graph_breaks(self, stacklevel: int = 2) -> None:
         """One warning per wrapped model listing its graph breaks, if it has any."""
@@ -104,6 +114,38 @@ class RematBackend:
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
+        ddp = compat.active_ddp_module() if self.split_ddp and not self.explain_only else None
+        if ddp is not None:
+            return self._compile_by_bucket(gm, example_inputs, ddp.bucket_bytes_cap)
+        return self._compile(gm, example_inputs)
+
+    def _compile_by_bucket(self, gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int) -> Any:
+        """Split ``gm`` at DDP's gradient buckets as Dynamo would, after letting the pieces that
+        read a value the whole graph's plan recomputes compute it themselves; compile each piece.
+        See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
+
+        def regroup(g: fx.GraphModule, piece: dict[fx.Node, int]) -> dict[fx.Node, int]:
+            # called only when there are two buckets or more: a one-bucket graph is planned once
+            return buckets.regroup(g, piece, *self._whole_plan_values(gm, example_inputs))
+
+        return compat.ddp_bucket_split(gm, example_inputs, bucket_bytes_cap, self._compile, regroup)
+
+    def _whole_plan_values(self, gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[set[str], set[str]]:
+        """``buckets.whole_plan_values`` of ``gm``'s default plan (a budget bounds each piece's
+        plan, README: per graph; the whole graph may not fit a budget each piece fits), planned
+        on a copy (Inductor's passes change graphs in place) without compiling it. Empty sets
+        (split as Dynamo does) when there is no training graph or its planning fell back."""
+        whole = RematBackend(dataclasses.replace(self.options, budget=None), explain_only=True, keep_joints=True)
+        copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        copied.meta.update(gm.meta)
+        whole(copied, example_inputs)
+        if not whole.plans or not whole.joints or whole.plans[0].fallback is not None:
+            return set(), set()
+        plan = whole.plans[0]
+        return buckets.whole_plan_values(whole.joints[0], {s.name for s in plan.saved}, set(plan.recomputed), gm)
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Plan and compile one graph with this backend's options."""
         backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
         partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
         try:

@@ -6,6 +6,7 @@ Checked on: torch 2.13.0 (CPU, this project's CI) and torch 2.11.0 (CUDA, the GP
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,11 @@ __all__ = [
     "is_sym",
     "ordered_set",
     "measure_cpu_peak_bytes",
+    "active_ddp_module",
+    "dynamo_splits_ddp",
+    "can_split_ddp",
+    "ddp_bucket_split",
+    "dynamo_origins",
 ]
 
 def run_uncompiled(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
@@ -102,6 +108,89 @@ def dynamo_config_patch(**changes: Any) -> Any:
     import torch._dynamo
 
     return torch._dynamo.config.patch(**changes)
+
+
+def active_ddp_module() -> Any:
+    """The ``DistributedDataParallel`` module whose forward is running, or None:
+    ``DistributedDataParallel._get_active_ddp_module()``, what Dynamo itself asks before splitting
+    a graph at gradient buckets (checked on 2.13)."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel._get_active_ddp_module()
+
+
+def dynamo_splits_ddp() -> bool:
+    """Whether Dynamo's settings ask for graphs split at DDP's buckets: ``optimize_ddp`` left at
+    its default (``torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"``, 2.13; where
+    that function is missing, ``torch._dynamo.config.optimize_ddp`` is True or "ddp_optimizer")."""
+    import torch._dynamo
+
+    try:
+        from torch._dynamo.utils import get_optimize_ddp_mode
+    except ImportError:
+        return torch._dynamo.config.optimize_ddp in (True, "ddp_optimizer")
+    return get_optimize_ddp_mode() == "ddp_optimizer"
+
+
+@functools.cache
+def can_split_ddp() -> bool:
+    """Whether this torch's DDPOptimizer is the one ``ddp_bucket_split`` was written against: it
+    takes ``bucket_bytes_cap`` and ``backend_compile_fn`` and splits through
+    ``fx.passes.split_module.split_module`` (2.13). Where not, remat leaves the split to Dynamo."""
+    try:
+        from torch._dynamo.backends.distributed import DDPOptimizer
+
+        params = inspect.signature(DDPOptimizer.__init__).parameters
+        source = inspect.getsource(DDPOptimizer.compile_fn)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return False
+    return {"bucket_bytes_cap", "backend_compile_fn"} <= params.keys() and "split_module.split_module(" in source
+
+
+def ddp_bucket_split(gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int,
+                     compile_piece: Callable[..., Any],
+                     regroup: Callable[[fx.GraphModule, dict[fx.Node, int]], dict[fx.Node, int]]) -> Any:
+    """Dynamo's own split of ``gm`` at DDP's gradient buckets (``DDPOptimizer``, Note [DDPOptimizer]
+    in ``torch/_dynamo/backends/distributed.py``), each piece compiled by ``compile_piece``, with
+    one change: ``regroup(gm, piece_of_node)`` may move nodes to other pieces before the graph is
+    split. DDPOptimizer computes the bucket of each node, then calls
+    ``torch.fx.passes.split_module.split_module(gm, None, callback)``: for the length of the call
+    that function is replaced by one that applies ``regroup`` to the callback's answers. Checked on
+    2.13 (``DDPOptimizer(bucket_bytes_cap, backend_compile_fn)``, ``compile_fn``, and the
+    ``split_module`` call through ``torch.fx.passes.split_module``)."""
+    import torch.fx.passes.split_module as split_module_pass
+    from torch._dynamo.backends.distributed import DDPOptimizer
+
+    original = split_module_pass.split_module
+
+    def split(m: fx.GraphModule, root_m: Any, callback: Callable[[fx.Node], int], *args: Any, **kwargs: Any) -> Any:
+        pieces = {n: callback(n) for n in m.graph.nodes if n.op not in ("placeholder", "output")}
+        moved = regroup(m, pieces)
+        return original(m, root_m, lambda n: moved[n] if n in moved else callback(n), *args, **kwargs)
+
+    split_module_pass.split_module = split
+    try:
+        return DDPOptimizer(bucket_bytes_cap=bucket_bytes_cap, backend_compile_fn=compile_piece).compile_fn(
+            gm, example_inputs)
+    finally:
+        split_module_pass.split_module = original
+
+
+def dynamo_origins(node: fx.Node) -> tuple[str, ...]:
+    """Names of the nodes of the graph AOTAutograd traced (Dynamo's graph) that a joint-graph node
+    was traced from: ``node.meta["from_node"]``, a list of ``torch.fx.traceback.NodeSource``
+    followed back through their own ``from_node`` (checked on 2.13); empty for backward nodes."""
+    names: list[str] = []
+    todo = list(node.meta.get("from_node") or ())
+    while todo:
+        src = todo.pop()
+        name = getattr(src, "name", None)
+        if name is not None:
+            names.append(name)
+        todo.extend(getattr(src, "from_node", None) or ())
+    return tuple(names)
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> None:

@@ -33,18 +33,20 @@ used on some ranks only) must turn the check off with the environment variable
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from . import compat
 from .errors import RematError
 from .plan import Plan
 
-__all__ = ["fingerprint", "check_ranks_agree", "unsplit_by_ddp", "ENV_SWITCH"]
+__all__ = ["fingerprint", "check_ranks_agree", "unsplit_by_ddp", "remat_splits_ddp", "ENV_SWITCH"]
 
 ENV_SWITCH = "REMAT_CHECK_RANKS"
 """Set to ``0`` to turn the rank-agreement check off."""
@@ -79,12 +81,28 @@ def _default_store() -> Any:
 
 def unsplit_by_ddp() -> Any:
     """A context in which Dynamo does not split graphs at DDP's gradient buckets
-    (``torch._dynamo.config.optimize_ddp = False``, a private torch setting, checked on 2.13).
-    ``remat.explain`` plans under it: Dynamo's DDPOptimizer needs each bucket's graph compiled
-    through AOTAutograd to trace the next one, and explain stops after planning. So explain
-    shows DDP models planned as one graph; ``compiled_plans`` shows the bucket graphs training
-    planned."""
+    (``torch._dynamo.config.optimize_ddp = False``, a private torch setting, checked on 2.11,
+    2.13). ``remat.explain`` plans under it: Dynamo's DDPOptimizer needs each bucket's graph
+    compiled through AOTAutograd to trace the next one, and explain stops after planning. So
+    explain shows DDP models planned as one graph; ``compiled_plans`` shows the bucket graphs
+    training planned."""
     return compat.dynamo_config_patch(optimize_ddp=False)
+
+
+@contextlib.contextmanager
+def remat_splits_ddp(backend: Any) -> Iterator[None]:
+    """Around each call of a remat-wrapped model: remat, not Dynamo, splits its graphs at DDP's
+    gradient buckets (Note [Bucket pieces keep the whole plan] in ``remat/buckets.py``).
+    ``backend.split_ddp`` records whether the user's Dynamo settings ask for the split (a user
+    who set ``optimize_ddp = False`` gets one graph, as with torch.compile) and this torch's
+    DDPOptimizer is the one remat drives (``compat.can_split_ddp``); if so, Dynamo's own split is
+    off for the call, else Dynamo splits as usual."""
+    backend.split_ddp = compat.dynamo_splits_ddp() and compat.can_split_ddp()
+    if not backend.split_ddp:  # the user asked for one graph, or this torch splits otherwise: Dynamo decides
+        yield
+        return
+    with unsplit_by_ddp():
+        yield
 
 
 def _world() -> tuple[int, int] | None:
