@@ -106,8 +106,14 @@ class RematBackend:
             self.graph_breaks.append(where)
         backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
         partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
+        k = len(self.plans)  # the index this graph's plan gets
+
+        def read_peak(peak: Any) -> None:  # the compiled step's peak (remat.allocations)
+            if k < len(self.plans) and not self.plans[k].fallback:
+                self.plans[k] = self.plans[k].with_compiled_peak(peak.peak_bytes, peak.at)
+
         try:
-            return backend.compile(gm, example_inputs, partition)
+            return backend.compile(gm, example_inputs, partition, read_peak)
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned

@@ -79,7 +79,8 @@ class EagerBackend(Backend):
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None
 
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+                on_peak: Callable[[Any], None] | None = None) -> Any:
         lower = compat.aot_autograd(
             fw_compiler=_run_uncompiled,
             bw_compiler=_run_uncompiled,

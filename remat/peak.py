@@ -201,6 +201,8 @@ class OpByOp:
     """The uncompiled backend: one step per op, every op's output a tensor; every backward op's
     operands are in memory while it runs."""
 
+    name = "simulated: op by op"
+
     def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
         return _op_steps(s, saved, fwd, bwd)
 

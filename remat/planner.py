@@ -27,7 +27,7 @@ from .errors import InfeasibleBudgetError, PlanningError
 from .frontier import bytes_first_weight, hull
 from .graph import JointGraph, analyze
 from .options import Options
-from .peak import floor_bytes, simulate
+from .peak import OP_BY_OP, floor_bytes, simulate
 from .plan import Plan, PlanNode, Role, SavedTensor, Status
 from .policy import Decision, decide
 from .reach import reachable
@@ -286,7 +286,9 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         recomputed_ops=tuple(jg.facts[i].op for i in recomputed),
         eager_saved_bytes=eager.saved_bytes,
         nodes=tuple(nodes),
-        predicted_peak_bytes=simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes,
+        predicted_peak_bytes=(peak := simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes),
+        simulated_peak_bytes=peak,
+        peak_model=getattr(sched.model or OP_BY_OP, "name", ""),
         eager_peak_bytes=eager.peak_bytes,
         peak_floor_bytes=eager.floor_bytes,
         recompute_flops=int(flops),

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..allocations import GraphTrace, StepPeak, step_peak
 from ..backend import Backend
 from ..graph import device_of
 from . import fusion
@@ -41,7 +42,25 @@ class InductorBackend(Backend):
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)
 
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+                on_peak: Callable[[StepPeak], None] | None = None) -> Any:
         check_torch_version()
+        reading = _StepReading(on_peak) if on_peak is not None else None
         with inductor_partitioner(partition):
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, reading.on_graph if reading else None)
+
+
+class _StepReading:
+    """Collects the memory plans of one captured graph's compiled forward and backward and hands
+    the step's peak (``remat.allocations.step_peak``) to ``report`` once both are compiled."""
+
+    def __init__(self, report: Callable[[StepPeak], None]):
+        self.report = report
+        self.forward: tuple[list[str | None], GraphTrace] | None = None
+
+    def on_graph(self, is_backward: bool, names: tuple[list[str | None], list[str]], trace: GraphTrace) -> None:
+        if not is_backward:
+            self.forward = (names[0], trace)
+        elif self.forward is not None:
+            outputs, fw = self.forward
+            self.report(step_peak(fw, trace, outputs, names[1]))

@@ -17,7 +17,7 @@ from ..compat import OpOverload
 from ..graph import block_of, flags, tensor_inputs, view_root
 from ..ops import CAST_OPS, op_name, packet
 
-__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "schedule_fields"]
+__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "schedule_fields", "extern_workspace"]
 
 
 def inductor_runs_extern(op: OpOverload) -> bool:
@@ -87,7 +87,7 @@ def _reduces_last_dims(node: fx.Node) -> bool:
     return got == list(range(ndim - len(got), ndim))
 
 
-def _workspace(node: fx.Node) -> int:
+def extern_workspace(node: fx.Node) -> int:
     """Scratch bytes an extern kernel holds while it runs. CPU flash attention: per-thread
     blocks (``_cpu_flash_attention_scratch``). Other attention backward kernels accumulate the
     query gradient in float32 (FlashAttention's ``dq_accum``): 4 bytes per element of it."""
@@ -165,7 +165,7 @@ def schedule_fields(nodes: list[fx.Node]) -> dict[str, Any]:
         kind=tuple(lowering_kind(n, _runs_extern(n)) for n in nodes),
         ops=tuple(_own_ops(n) for n in nodes),
         dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes),
-        workspace=tuple(_workspace(n) for n in nodes),
+        workspace=tuple(extern_workspace(n) for n in nodes),
         block=tuple(block_of(n) if n.op == "call_function" else None for n in nodes),
         heavy=frozenset(i for i, n in enumerate(nodes) if packet(op_name(n)).split(".")[-1] in HEAVY_OPS),
     )
