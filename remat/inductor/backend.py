@@ -58,9 +58,12 @@ class _StepReading:
         self.report = report
         self.forward: tuple[list[str | None], GraphTrace] | None = None
 
-    def on_graph(self, is_backward: bool, names: tuple[list[str | None], list[str]], trace: GraphTrace) -> None:
+    def on_graph(self, is_backward: bool, names: tuple[list[str | None], list[str], set[str]],
+                 trace: GraphTrace) -> None:
         if not is_backward:
             self.forward = (names[0], trace)
         elif self.forward is not None:
             outputs, fw = self.forward
-            self.report(step_peak(fw, trace, outputs, names[1]))
+            # A scalar output gradient: the graph computes the loss (Note [What the caller holds]).
+            loss_in_graph = any(n not in outputs for n in names[2])
+            self.report(step_peak(fw, trace, outputs, names[1], loss_in_graph))

@@ -30,23 +30,26 @@ __all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_
 # recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
 
 
-def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str]]:
-    """(the name of each output, the name of each placeholder) of an fx graph, as the
-    partition made it (before Inductor's passes rename anything)."""
+def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set[str]]:
+    """(the name of each output, the name of each placeholder, the placeholders holding a 0-dim
+    tensor) of an fx graph, as the partition made it (before Inductor's passes rename
+    anything)."""
     out = gm.graph.find_nodes(op="output")[0].args[0]
     outs = [a.name if isinstance(a, fx.Node) else None for a in (out if isinstance(out, (tuple, list)) else [out])]
-    return outs, [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    holders = gm.graph.find_nodes(op="placeholder")
+    scalars = {n.name for n in holders if getattr(n.meta.get("val"), "ndim", None) == 0}
+    return outs, [n.name for n in holders], scalars
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Any,
-               on_graph: Callable[[bool, tuple[list[str | None], list[str]], Any], None] | None = None) -> Any:
+               on_graph: Callable[[bool, tuple[list[str | None], list[str], set[str]], Any], None] | None = None) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
     ``inner_compile`` argument (``compile_fx_inner``): 2.11, 2.13. Its ``config_patches`` and
     ``inner_compile`` also apply to the backward, which AOTAutograd compiles later, at the first
     backward call. Low-precision casts are kept: see Note [Recompute precision]. Each graph is
     compiled with stage-local fusion (``stage_local_fusion``) and without Inductor's FX graph
     cache, whose key sees neither node meta nor the fusion choices. ``on_graph(is_backward,
-    (output names, input names), trace)`` receives each training graph's memory plan
+    (output names, input names, 0-dim inputs), trace)`` receives each training graph's memory plan
     (``wrapper_reading.read_allocations``); ``is_backward`` and ``is_inference`` are
     ``compile_fx_inner``'s keyword arguments (2.11, 2.13)."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
