@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Event", "GraphTrace", "StepPeak", "replay", "step_peak"]
+__all__ = ["Event", "GraphTrace", "StepPeak", "Reading", "replay", "step_peak", "read_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ def replay(events: Iterable[Event], st: _State, where: str) -> tuple[int, str]:
 
 
 def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | None],
-              bw_input_names: Sequence[str], loss_in_graph: bool = False) -> StepPeak:
+              bw_input_names: Sequence[str], caller_keeps_outputs: bool = True) -> StepPeak:
     """The peak of one step that runs the compiled forward ``fw`` and then the compiled backward
     ``bw``. ``fw_output_names``: the fx name of each forward output (saved tensors keep their
     name as the backward's inputs); ``bw_input_names``: the backward's inputs, in order (the
@@ -147,8 +147,11 @@ def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | No
       models do): the other outputs (logits, key/value caches) are dropped before the backward,
       and their gradients, which autograd fills with zeros, die when the backward frees them
       (AOTAutograd hands them over without keeping a reference).
-    ``loss_in_graph`` (the graph returns a scalar whose gradient flows back) selects the second;
-    otherwise the first (the larger, for a caller that holds everything)."""
+    ``caller_keeps_outputs`` selects the first. Which one a step follows is known only from the
+    graphs: ``Reading.peak_bytes`` takes the second when some graph of the step computes the
+    loss (returns a scalar whose gradient flows back), as HF models and the benchmarks' loss
+    functions do; an earlier graph of such a step (before a graph break) hands its outputs to
+    the next graph, which keeps only what it saves."""
     st = _State()
     for name, _ in fw.inputs:  # exist before the step: not counted
         st.bind(name, ("input", name))
@@ -161,7 +164,7 @@ def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | No
     # What the forward returns and the backward does not take are the caller's outputs: kept
     # (also when a saved tensor shares the storage).
     taken, given = Counter(bw_input_names), Counter(n for n in fw_output_names if n is not None)
-    pinned = set() if loss_in_graph else {k for n, k in by_fx.items() if given[n] > taken[n]}
+    pinned = set() if not caller_keeps_outputs else {k for n, k in by_fx.items() if given[n] > taken[n]}
     # The storages the backward takes or the caller keeps, each once (the forward's other
     # buffers died when it returned; inputs cost nothing).
     bst = _State(pinned=set(pinned))
@@ -176,7 +179,7 @@ def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | No
         elif name in bw_inputs:  # a tangent (an output's gradient): allocated at the boundary, kept
             key = ("tangent", name)
             bst.new(key, bw_inputs[name])
-            if not loss_in_graph:
+            if caller_keeps_outputs:
                 bst.pinned.add(key)
             bst.bind(name, key)
     boundary = bst.live
@@ -186,3 +189,30 @@ def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | No
     if fw_peak >= bw_peak:
         return StepPeak(fw_peak, fw_peak, boundary, fw_at, tuple(notes))
     return StepPeak(bw_peak, fw_peak, boundary, bw_at, tuple(notes))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One graph's step peak under both callers of Note [What the caller holds]."""
+
+    kept: StepPeak
+    """The caller holds the outputs (and the gradients it passes) through the backward."""
+    dropped: StepPeak
+    """The caller keeps only the loss."""
+    loss_in_graph: bool
+    """The graph returns a scalar whose gradient flows back (it computes the loss)."""
+
+    def peak(self, loss_in_step: bool) -> StepPeak:
+        """The peak of this graph in a step that computes its loss in some graph (``dropped``) or
+        outside all of them (``kept``)."""
+        return self.dropped if loss_in_step else self.kept
+
+
+def read_step(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | None],
+              bw_input_names: Sequence[str], scalar_inputs: Iterable[str] = ()) -> Reading:
+    """``step_peak`` under both callers; ``scalar_inputs``: the backward's 0-dim inputs (a
+    scalar output gradient not among the forward's outputs means the graph computes the loss)."""
+    outs = set(fw_output_names)
+    loss = any(n not in outs for n in scalar_inputs)
+    return Reading(step_peak(fw, bw, fw_output_names, bw_input_names, True),
+                   step_peak(fw, bw, fw_output_names, bw_input_names, False), loss)

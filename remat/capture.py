@@ -75,6 +75,17 @@ class RematBackend:
         """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
         self._warned_breaks = False
         self._planned: Callable[[str], None] | None = None
+        self.readings: dict[int, Any] = {}
+        """Plan index -> ``remat.allocations.Reading`` of its compiled graphs (Inductor)."""
+
+    def _apply_readings(self) -> None:
+        """Give each plan the peak read from its compiled graphs, under the caller the step's
+        graphs show (Note [What the caller holds] in ``remat.allocations``)."""
+        loss_in_step = any(r.loss_in_graph for r in self.readings.values())
+        for k, reading in self.readings.items():
+            if k < len(self.plans) and not self.plans[k].fallback:
+                peak = reading.peak(loss_in_step)
+                self.plans[k] = self.plans[k].with_compiled_peak(peak.peak_bytes, peak.at)
 
     def warn_graph_breaks(self, stacklevel: int = 2) -> None:
         """One warning per wrapped model listing its graph breaks, if it has any."""
@@ -108,9 +119,9 @@ class RematBackend:
         partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
         k = len(self.plans)  # the index this graph's plan gets
 
-        def read_peak(peak: Any) -> None:  # the compiled step's peak (remat.allocations)
-            if k < len(self.plans) and not self.plans[k].fallback:
-                self.plans[k] = self.plans[k].with_compiled_peak(peak.peak_bytes, peak.at)
+        def read_peak(reading: Any) -> None:  # the compiled step's peak (remat.allocations)
+            self.readings[k] = reading
+            self._apply_readings()
 
         try:
             return backend.compile(gm, example_inputs, partition, read_peak)

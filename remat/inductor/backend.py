@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..allocations import GraphTrace, StepPeak, step_peak
+from ..allocations import GraphTrace, Reading, read_step
 from ..backend import Backend
 from ..graph import device_of
 from . import fusion
@@ -43,7 +43,7 @@ class InductorBackend(Backend):
         tag_stages(forward, backward)
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[StepPeak], None] | None = None) -> Any:
+                on_peak: Callable[[Reading], None] | None = None) -> Any:
         check_torch_version()
         reading = _StepReading(on_peak) if on_peak is not None else None
         with inductor_partitioner(partition):
@@ -52,9 +52,10 @@ class InductorBackend(Backend):
 
 class _StepReading:
     """Collects the memory plans of one captured graph's compiled forward and backward and hands
-    the step's peak (``remat.allocations.step_peak``) to ``report`` once both are compiled."""
+    the step's peak under both callers (``remat.allocations.read_step``) to ``report`` once both
+    are compiled."""
 
-    def __init__(self, report: Callable[[StepPeak], None]):
+    def __init__(self, report: Callable[[Reading], None]):
         self.report = report
         self.forward: tuple[list[str | None], GraphTrace] | None = None
 
@@ -64,6 +65,4 @@ class _StepReading:
             self.forward = (names[0], trace)
         elif self.forward is not None:
             outputs, fw = self.forward
-            # A scalar output gradient: the graph computes the loss (Note [What the caller holds]).
-            loss_in_graph = any(n not in outputs for n in names[2])
-            self.report(step_peak(fw, trace, outputs, names[1], loss_in_graph))
+            self.report(read_step(fw, trace, outputs, names[1], names[2]))
