@@ -166,7 +166,8 @@ def plan_joint_graph(
     (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
     that will lower the graph (by default ``options.backend``'s)."""
     gm.graph.eliminate_dead_code()
-    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)  # op by op
+    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,  # op by op
+                          eager_kernels=True)
     eager = EagerBaseline(
         saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
