@@ -116,7 +116,8 @@ class RematBackend:
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
         backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
-        partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
+        partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend,
+                                                ends_at_break=where is not None), self)
         k = len(self.plans)  # the index this graph's plan gets
 
         def read_peak(reading: Any) -> None:  # the compiled step's peak (remat.allocations)

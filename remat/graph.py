@@ -223,12 +223,15 @@ def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
 
 def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int],
             device_model: cost.DeviceModel | None = None, backend: Backend | None = None,
-            eager_kernels: bool = False) -> JointGraph:
+            eager_kernels: bool = False, ends_at_break: bool = False) -> JointGraph:
     """Classify the joint graph's nodes (see the module docstring). ``backend`` is how the
     partitioned graphs will run (``remat.backend``): it supplies the step model the schedule is
     simulated with; ``None`` simulates op by op, as eager autograd and the uncompiled backend run.
     ``eager_kernels``: the schedule is eager autograd's, whose kernels do not allocate the
-    intermediates of their decompositions (Note [Eager kernels])."""
+    intermediates of their decompositions (Note [Eager kernels]). ``ends_at_break``: Dynamo
+    ended the graph at a graph break; like a graph that computes the loss, its outputs are not
+    held by the caller through the backward (they go to the code resumed after the break, and
+    their gradients come from the next graph's backward: Note [What the caller holds])."""
     graph = gm.graph
     primals = [n for n in graph.nodes if n.op == "placeholder" and not _is_tangent(n)]
     static = {primals[i] for i in static_input_indices if i < len(primals)}
@@ -313,7 +316,8 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     jg = JointGraph(values, index, facts, ops, inputs, costs, needed,
                     {i for i, n in enumerate(values) if n in forward_nodes})
     jg.eager_saved = _eager_saved(jg, values, backward, bwd_outs)
-    jg.schedule, ids = _schedule(gm, backward, fwd_outs, bwd_outs, set(primals), backend, eager_kernels)
+    jg.schedule, ids = _schedule(gm, backward, fwd_outs, bwd_outs, set(primals), backend, eager_kernels,
+                                 ends_at_break)
     jg.sched_ids = [ids[n] for n in values]
     jg.node_ops = {i: op_name(n) for n, i in ids.items()}
     _recompute_costs(jg, device_model or device_model_for(gm))
@@ -359,7 +363,7 @@ def _inside_eager_kernels(nodes: list[fx.Node], roots: list[fx.Node], outs: set[
 
 def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_outs: list,
               primals: set[fx.Node], backend: Backend | None,
-              eager_kernels: bool = False) -> tuple[Schedule, dict[fx.Node, int]]:
+              eager_kernels: bool = False, ends_at_break: bool = False) -> tuple[Schedule, dict[fx.Node, int]]:
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     ids = {n: i for i, n in enumerate(nodes)}
     roots = []
@@ -393,7 +397,7 @@ def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_ou
         bwd_outputs=tuple(ids[a] for a in bwd_outs if isinstance(a, fx.Node) and a in ids),
         names=tuple(n.name for n in nodes),
         kernel=kernels,
-        caller_keeps_outputs=not loss_in_graph,
+        caller_keeps_outputs=not (loss_in_graph or ends_at_break),
         **(backend.schedule_fields(gm, nodes) if backend is not None else {}),
     ), ids
 

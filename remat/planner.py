@@ -160,21 +160,22 @@ class Planned:
 
 def plan_joint_graph(
     gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
-    want_frontier: bool = False, backend: Backend | None = None,
+    want_frontier: bool = False, backend: Backend | None = None, ends_at_break: bool = False,
 ) -> Planned:
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
     (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
-    that will lower the graph (by default ``options.backend``'s)."""
+    that will lower the graph (by default ``options.backend``'s); ``ends_at_break``: see
+    ``remat.graph.analyze``."""
     gm.graph.eliminate_dead_code()
     eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,  # op by op
-                          eager_kernels=True)
+                          eager_kernels=True, ends_at_break=ends_at_break)
     eager = EagerBaseline(
         saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
     )
     cse(gm)
     jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,
-                 backend or backend_for(options.backend))
+                 backend or backend_for(options.backend), ends_at_break=ends_at_break)
     eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
     no_recompute, no_save, reasons = _decisions(jg, options)
     problem = jg.problem(no_recompute, no_save)
