@@ -33,6 +33,7 @@ import torch.fx as fx
 from . import compat
 from .backend import Backend
 from .inductor.decompositions import eager_decompositions
+from .inductor.lowering import extern_workspace
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 
@@ -74,7 +75,8 @@ class EagerBackend(Backend):
     name = "eager"
 
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        return {}
+        """The scratch library kernels (convolution, attention) hold while they run."""
+        return {"workspace": tuple(extern_workspace(n) for n in nodes)}
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None

@@ -213,7 +213,7 @@ class StepModel(Protocol):
 
 class OpByOp:
     """The uncompiled backend: one step per op, every op's output a tensor; every backward op's
-    operands are in memory while it runs."""
+    operands are in memory while it runs, and a library kernel's scratch (``Schedule.workspace``)."""
 
     name = "simulated: op by op"
 
@@ -245,11 +245,12 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
             nbytes[(v, phase)] = s.nbytes[v]
         where = "forward" if phase == 0 else "backward"
         step = Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
-                    frozenset(storage(u, phase) for u in s.inputs[v]))
+                    frozenset(storage(u, phase) for u in s.inputs[v]), s.workspace[v] if s.workspace else 0)
         kernel = (s.kernel[v], phase) if s.kernel and s.kernel[v] >= 0 else None
         if kernel is not None and kernel == last:  # one eager kernel: one step (Note [Eager kernels])
             prev = steps[-1]
-            steps[-1] = Step(step.label, prev.allocs + step.allocs, prev.reads | step.reads)
+            steps[-1] = Step(step.label, prev.allocs + step.allocs, prev.reads | step.reads,
+                             max(prev.scratch, step.scratch))
             boundary -= t < len(fwd)
         else:
             steps.append(step)

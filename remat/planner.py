@@ -183,7 +183,7 @@ def plan_joint_graph(
     ``remat.graph.analyze``; ``known_peaks``: see ``choose``."""
     gm.graph.eliminate_dead_code()
     eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,  # op by op
-                          eager_kernels=True, ends_at_break=ends_at_break)
+                          backend_for("eager"), eager_kernels=True, ends_at_break=ends_at_break)
     eager = EagerBaseline(
         saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
