@@ -309,6 +309,12 @@ def plan_fields(fn: Callable) -> dict:
         "graphs": len(plans),
         "predicted_peak_mib": compose(plans, "predicted_peak_bytes", "saved_bytes") / MiB,
         "predicted_eager_peak_mib": compose(plans, "eager_peak_bytes", "eager_saved_bytes") / MiB,
+        # the simulator's prediction, and the peak read from Inductor's memory plan (0: not read)
+        "simulated_peak_mib": compose(plans, "simulated_peak_bytes", "saved_bytes") / MiB,
+        "read_peak_mib": (compose(plans, "compiled_peak_bytes", "saved_bytes") / MiB
+                          if all(p.compiled_peak_bytes for p in plans) else None),
+        "peak_model": sorted({p.peak_model for p in plans}),
+        "replans": [n for p in plans for n in p.notes if n.startswith("budget re-plan")],
         "plan_saved_mib": sum(p.saved_bytes for p in plans) / MiB,
         "plan_eager_saved_mib": sum(p.eager_saved_bytes for p in plans) / MiB,
         "recompute_ms_estimate": sum(p.recompute_seconds for p in plans) * 1e3,
@@ -538,6 +544,10 @@ def markdown(results: dict) -> str:
                 note = f"{note} dropout noise floor (eager vs eager, other seed): {r['grad_noise_floor']:.1e}".strip()
             if r.get("fallback"):
                 note = (note + f" fallback: {r['fallback']}").strip()
+            if r.get("simulated_peak_mib") and r.get("read_peak_mib"):
+                note = (note + f" simulated {r['simulated_peak_mib']:.0f}, read {r['read_peak_mib']:.0f}").strip()
+            if r.get("replans"):
+                note = (note + " " + "; ".join(r["replans"])[:200].replace("|", "/")).strip()
             if r.get("graphs", 1) > 1:
                 note = (note + f" {r['graphs']} graphs: predicted sum {r.get('predicted_peak_sum_mib', 0):.0f}").strip()
             lines.append(f"| {model} | {r['strategy']} | {r['ms']:.2f} | {_fmt(peak, '.0f')} | {_fmt(pred, '.0f')} | "

@@ -8,8 +8,8 @@ import contextlib
 import copy
 import functools
 import warnings
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch.fx as fx
@@ -89,7 +89,7 @@ class RematBackend:
         for k, reading in self.readings.items():
             if k < len(self.plans) and not self.plans[k].fallback:
                 peak = reading.peak(loss_in_step)
-                self.plans[k] = self.plans[k].with_compiled_peak(peak.peak_bytes, peak.at)
+                self.plans[k] = self.plans[k].with_compiled_peak(peak.peak_bytes, peak.at, peak.notes)
 
     def warn_graph_breaks(self, stacklevel: int = 2) -> None:
         """One warning per wrapped model listing its graph breaks, if it has any."""

@@ -173,10 +173,11 @@ class Plan:
     """Separator values this plan never recomputes through (checkpoint segments, see
     ``remat.segments``); empty for the default plan and the min-cut frontier's plans."""
 
-    def with_compiled_peak(self, peak_bytes: int, where: str = "") -> Plan:
+    def with_compiled_peak(self, peak_bytes: int, where: str = "", caveats: tuple[str, ...] = ()) -> Plan:
         """This plan with its step's peak read from the compiled graphs (``compiled_peak_bytes``),
         which becomes ``predicted_peak_bytes``; the simulator's stays in ``simulated_peak_bytes``."""
-        note = f"peak read from Inductor's memory plan: {format_bytes(peak_bytes)}" + (f" at {where}" if where else "")
+        note = (f"peak read from Inductor's memory plan: {format_bytes(peak_bytes)}" + (f" at {where}" if where else "")
+                + "".join(f" ({c})" for c in caveats))
         return replace(self, compiled_peak_bytes=peak_bytes, predicted_peak_bytes=peak_bytes,
                        simulated_peak_bytes=self.simulated_peak_bytes or self.predicted_peak_bytes,
                        peak_model=READ, notes=(*[n for n in self.notes if not n.startswith(_READ_NOTE)], note))

@@ -112,6 +112,7 @@ def test_peak_read_from_inductor_matches_measured(name):
     measured = measured_peak(rm, rm, loss)
     plans = remat.compiled_plans(rm)
     assert all(p.peak_model == READ and p.compiled_peak_bytes for p in plans)
+    assert not any("unread" in n for p in plans for n in p.notes)  # every wrapper line understood
     plan = _plan(rm)
     assert plan.predicted_peak_bytes == plan.compiled_peak_bytes
     assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured, (plan.predicted_peak_bytes, measured)

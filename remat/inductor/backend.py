@@ -16,7 +16,7 @@ from . import fusion
 from .hooks import compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
 from .lowering import schedule_fields
-from .versions import check_torch_version
+from .versions import check_torch_version, drift
 
 __all__ = ["InductorBackend", "rules_for_graph"]
 
@@ -61,6 +61,8 @@ class _StepReading:
 
     def on_graph(self, is_backward: bool, names: tuple[list[str | None], list[str], set[str]],
                  trace: GraphTrace) -> None:
+        if trace.unknown:  # a line the reader does not know: the read peak may be off
+            drift("read_allocations", f"wrapper lines it cannot read ({', '.join(sorted(set(trace.unknown)))})")
         if not is_backward:
             self.forward = (names[0], trace)
         elif self.forward is not None:

@@ -41,8 +41,12 @@ def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set
     return outs, [n.name for n in holders], scalars
 
 
+GraphNames = tuple[list[str | None], list[str], set[str]]
+"""``graph_io_names``: output names, placeholder names, 0-dim placeholders."""
+
+
 def compile_fx(gm: fx.GraphModule, example_inputs: Any,
-               on_graph: Callable[[bool, tuple[list[str | None], list[str], set[str]], Any], None] | None = None) -> Any:
+               on_graph: Callable[[bool, GraphNames, Any], None] | None = None) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
     ``inner_compile`` argument (``compile_fx_inner``): 2.11, 2.13. Its ``config_patches`` and
     ``inner_compile`` also apply to the backward, which AOTAutograd compiles later, at the first

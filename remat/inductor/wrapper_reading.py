@@ -52,13 +52,15 @@ def _hint(graph: Any, expr: Any) -> int:
     return int(sizevars.size_hint(expr, fallback=0))  # pragma: no cover - older torch
 
 
-def _nbytes(graph: Any, node: Any) -> int:
+def _nbytes(graph: Any, node: Any) -> int | None:
+    """Bytes Inductor allocates for ``node`` (a buffer or a kernel's workspace), None if it has
+    no size to read."""
     from torch._inductor.utils import get_dtype_size  # 2.11, 2.13
 
     try:
         return _hint(graph, graph.get_allocation_storage_size(node)) * get_dtype_size(node.get_dtype())
-    except Exception:  # noqa: BLE001 - a layout without a storage (a multi-output tuple)
-        return 0
+    except Exception:  # noqa: BLE001 - named in GraphTrace.unknown by the caller
+        return None
 
 
 def _input_bytes(graph: Any, value: Any) -> int:
@@ -97,16 +99,21 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
             results.setdefault(str(line.arg_name), []).append(str(line.result_name))
     born: set[str] = set()
 
+    def size(node: Any) -> int:
+        n = _nbytes(graph, node) if node is not None else None
+        if n is None:
+            unknown.append(f"size of {type(node).__name__}")
+        return n or 0
+
     def buffer_bytes(name: str) -> int:
-        buf = graph.get_buffer(name) if hasattr(graph, "get_buffer") else None
-        return _nbytes(graph, buf) if buf is not None else 0
+        return size(graph.get_buffer(name) if hasattr(graph, "get_buffer") else None)
 
     for line in lines:
         kind = type(line).__name__
         if isinstance(line, w.AllocateLine):
-            events.append(Event("alloc", line.node.get_name(), _nbytes(graph, line.node)))
+            events.append(Event("alloc", line.node.get_name(), size(line.node)))
         elif isinstance(line, w.ReuseLine):
-            events.append(Event("reuse", line.reused_as.get_name(), _nbytes(graph, line.reused_as),
+            events.append(Event("reuse", line.reused_as.get_name(), size(line.reused_as),
                                 other=line.node.get_name(), drop=bool(line.delete_old)))
         elif isinstance(line, w.ReinterpretLine):
             events.append(Event("reuse", line.reused_as.get_name(), 0, other=line.node.get_name(), drop=False))
@@ -122,7 +129,7 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
             node = line.node
             name = node.get_name()
             multi = isinstance(node.layout, ir.MultiOutputLayout)
-            events.append(Event("alloc", name, 0 if multi else _nbytes(graph, node)))
+            events.append(Event("alloc", name, 0 if multi else size(node)))
             for r in results.get(name, []) if multi else []:
                 born.add(r)
                 events.append(Event("alloc", r, buffer_bytes(r)))
