@@ -14,6 +14,9 @@ ResNet-50, bf16 on the GPU, the models built from their own libraries and left u
     # diff; --anchors here also writes the anchors file from the merged rows; --note adds lines
     python benchmarks/real_models.py --report out1/real-models.json out2/real-models.json \
         out1/real-models-profile.json --tag real-models-h200 --out benchmarks/
+    # predicted (simulator, read from Inductor) against measured peaks, no torch.compile reference
+    python benchmarks/real_models.py --strategies eager remat "remat b0.5" --no-compile --warmup 1 \
+        --iters 3 --time-limit 330 --tag peaks --out out/
     # CPU smoke test: tiny configs from the same libraries, fp32
     python benchmarks/real_models.py --tiny --out out/
 
@@ -670,7 +673,7 @@ def strategy_list(args) -> list[str]:
     for n in names:
         if n not in STRATEGIES:
             raise SystemExit(f"unknown strategy {n!r}; expected some of {STRATEGIES}")
-    if "compile" not in names:  # the denominator of every ratio
+    if "compile" not in names and not args.no_compile:  # the denominator of every ratio
         names.insert(1 if names and names[0] == "eager" else 0, "compile")
     if "eager" in names:  # the gradient reference first
         names.remove("eager")
@@ -700,6 +703,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="kernel table of one step for compile and remat default of these models")
     parser.add_argument("--no-dropout", action="store_true",
                         help="GPT-2 with dropout 0 (gradient errors then compare like for like)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="do not add torch.compile as the reference of the ratios (saves its compile time)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=None,
