@@ -62,7 +62,7 @@ class _StepReading:
     def on_graph(self, is_backward: bool, names: tuple[list[str | None], list[str], set[str]],
                  trace: GraphTrace) -> None:
         if trace.unknown:  # a line the reader does not know: the read peak may be off
-            drift("read_allocations", f"wrapper lines it cannot read ({', '.join(sorted(set(trace.unknown)))})")
+            drift("read_allocations", f"a reader for the wrapper lines {', '.join(sorted(set(trace.unknown)))}")
         if not is_backward:
             self.forward = (names[0], trace)
         elif self.forward is not None:

@@ -44,6 +44,9 @@ _IGNORED = frozenset({
 })
 """Line kinds that neither allocate nor free."""
 
+_IN_PLACE = frozenset({"ScatterFallbackLine", "IndexPutFallbackLine"})
+"""Eager fallbacks that write into an existing buffer (``scatter_``, ``index_put_``): 2.11, 2.13."""
+
 
 def _hint(graph: Any, expr: Any) -> int:
     sizevars = graph.sizevars
@@ -141,6 +144,8 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
             events.append(Event("call", line.node.get_name(), _scratch(line.node), label=line.node.get_name()))
         elif isinstance(line, w.KernelCallLine):
             events.append(Event("call", label=str(line.kernel_name)))
+        elif kind in _IN_PLACE:  # a fallback that writes into a buffer allocated before
+            events.append(Event("call", label=kind))
         elif isinstance(line, w.WrapperLine) and kind not in _IGNORED:
             unknown.append(kind)
     inputs = tuple((name, _input_bytes(graph, v)) for name, v in graph.graph_inputs.items())
