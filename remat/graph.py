@@ -333,14 +333,14 @@ def device_of(gm: fx.GraphModule) -> str:
     return "cpu"
 
 
-def _decomposed_key(n: fx.Node) -> tuple[str, int] | None:
+def _decomposed_key(n: fx.Node) -> tuple[str, str] | None:
     """The eager op a node was decomposed from (``meta["original_aten"]``) and that op's
     autograd sequence number (``meta["seq_nr"]``): one key per eager kernel call; None for a node
     that is its own op."""
     original, seq = n.meta.get("original_aten"), n.meta.get("seq_nr")
     if n.op != "call_function" or original is None or seq is None or str(original) == str(n.target):
         return None
-    return str(original), int(seq)
+    return str(original), str(seq)
 
 
 def _inside_eager_kernels(nodes: list[fx.Node], roots: list[fx.Node], outs: set[fx.Node]) -> set[fx.Node]:
@@ -372,7 +372,7 @@ def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_ou
         roots.append(r if r in ids else n)
     outs = {a for a in (*fwd_outs, *bwd_outs) if isinstance(a, fx.Node)}
     inside = _inside_eager_kernels(nodes, roots, outs) if eager_kernels else set()
-    kernel: dict[tuple[str, int], int] = {}
+    kernel: dict[tuple[str, str], int] = {}
     kernels = tuple(kernel.setdefault(k, len(kernel)) if (k := _decomposed_key(n)) is not None else -1
                     for n in nodes) if eager_kernels else ()
     tangents = [n for n in nodes if _is_tangent(n)]
