@@ -65,3 +65,60 @@ def test_cpu_kernels_are_flushed_between_blocks(monkeypatch):
     (plan,) = remat.compiled_plans(rm)
     assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured
     assert measured < 0.5 * plan.eager_peak_bytes, (measured, plan.eager_peak_bytes)
+
+
+def _kernel_calls(monkeypatch, tagged_everywhere: bool) -> list[int]:
+    """C++ kernel calls in each generated wrapper of the gpt workload (forward, backward)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from remat.graph import block_of
+
+    if tagged_everywhere:  # the rule before Note [Blocks an extern kernel separates]
+        monkeypatch.setattr(hooks, "fusion_blocks",
+                            lambda nodes: tuple(block_of(n) if n.op == "call_function" else None for n in nodes))
+    torch._dynamo.reset()
+    model, x = workloads.build("gpt", "small")
+    rm = remat.checkpoint(model, backend="inductor")
+
+    def step():
+        rm(x).float().square().mean().backward()
+
+    _, code = run_and_get_code(step)
+    monkeypatch.undo()
+    return [len(re.findall(r"^\s+cpp_fused_\w+\(", c, re.M)) for c in code]
+
+
+@pytest.mark.inductor
+def test_blocks_separated_by_matmuls_fuse_at_their_boundaries(monkeypatch):
+    # Every gpt block runs matmuls, so nothing can chain across the model: Inductor may fuse
+    # the work at block boundaries (Note [Blocks an extern kernel separates]). Stage tags on
+    # this graph cost the backward three kernels.
+    free = _kernel_calls(monkeypatch, tagged_everywhere=False)
+    tagged = _kernel_calls(monkeypatch, tagged_everywhere=True)
+    assert len(free) == len(tagged) == 2
+    assert free[0] <= tagged[0] and free[1] < tagged[1], (free, tagged)
+
+
+def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
+    from remat import partition
+    from remat.inductor.lowering import fusion_blocks
+
+    graphs = []
+    original = partition.plan_joint_graph
+
+    def record(gm, *args, **kwargs):
+        graphs.append(gm)
+        return original(gm, *args, **kwargs)
+
+    monkeypatch.setattr(partition, "plan_joint_graph", record)
+    kept = {}
+    for name in ("pointwise", "mlp", "gpt"):
+        torch._dynamo.reset()
+        model, x = workloads.build(name, "small")
+        remat.checkpoint(model, backend="eager")(x).float().sum().backward()
+        blocks = fusion_blocks(list(graphs[-1].graph.nodes))
+        kept[name] = len({b for b in blocks if b is not None})
+    # pointwise: no extern kernel anywhere, its 8 layers stay apart; every mlp and gpt block runs matmuls.
+    assert kept == {"pointwise": 8, "mlp": 0, "gpt": 0}

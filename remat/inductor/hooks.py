@@ -14,7 +14,7 @@ import torch.fx as fx
 from torch._inductor import config as inductor_config  # 2.11, 2.13
 
 from .. import compat
-from ..graph import block_of
+from .lowering import fusion_blocks
 from .versions import drift, drift_error
 from .wrapper_reading import read_allocations
 
@@ -228,10 +228,11 @@ def tag_stages(*modules: fx.GraphModule) -> None:
     per-row buffers at once for the column sums that follow, so all of them were alive
     together (measured: CPU 21.6 MiB for a plan predicted at 10.0; H200 6017 MiB for 3073).
     With the tags, ``stage_local_fusion`` lets Inductor fuse only kernels of the same
-    block (or with ops outside any block), so blocks run in remat's order."""
+    block (or with ops outside any block), so blocks run in remat's order. Graphs whose every
+    block runs an extern kernel are left untagged (Note [Blocks an extern kernel separates] in
+    ``lowering.py``)."""
     for gm in modules:
-        for n in gm.graph.nodes:
-            if n.op == "call_function":
-                stage = block_of(n)
-                if stage is not None:
-                    n.meta[STAGE_KEY] = stage
+        nodes = list(gm.graph.nodes)
+        for n, stage in zip(nodes, fusion_blocks(nodes)):
+            if stage is not None:
+                n.meta[STAGE_KEY] = stage
