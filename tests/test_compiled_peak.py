@@ -85,6 +85,24 @@ def test_reading_hook_that_cannot_install_warns(monkeypatch):
     assert got == []
 
 
+def test_choose_takes_read_peaks_over_predictions():
+    # The budget's re-plan: a candidate whose compiled peak was read over the budget gives way
+    # to the next one, though its prediction fits.
+    from remat.plan import SavedTensor
+    from remat.planner import Candidate, choose, plan_key
+
+    def candidate(name, peak, seconds):
+        plan = Plan(saved=(SavedTensor(name, "aten.mul.Tensor", nbytes=1),), recomputed=(),
+                    predicted_peak_bytes=peak, recompute_seconds=seconds)
+        return Candidate((0,), (), plan, "hull")
+
+    a, b, c = candidate("a", 100, 0.0), candidate("b", 80, 1.0), candidate("c", 60, 2.0)
+    assert choose([a, b, c], 90, 200) is b
+    assert choose([a, b, c], 90, 200, known={plan_key(b.plan): 95}) is c
+    with pytest.raises(remat.InfeasibleBudgetError, match="95 B"):
+        choose([b], 90, 200, known={plan_key(b.plan): 95})
+
+
 # --- against the CPU profiler --------------------------------------------------------------
 
 
