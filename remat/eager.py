@@ -33,6 +33,7 @@ import torch.fx as fx
 from . import compat
 from .backend import Backend
 from .inductor.decompositions import eager_decompositions
+from .inductor.lowering import extern_workspace
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 
@@ -74,12 +75,14 @@ class EagerBackend(Backend):
     name = "eager"
 
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        return {}
+        """The scratch library kernels (convolution, attention) hold while they run."""
+        return {"workspace": tuple(extern_workspace(n) for n in nodes)}
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None
 
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+                on_peak: Callable[[Any], None] | None = None) -> Any:
         lower = compat.aot_autograd(
             fw_compiler=_run_uncompiled,
             bw_compiler=_run_uncompiled,
