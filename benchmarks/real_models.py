@@ -14,6 +14,9 @@ ResNet-50, bf16 on the GPU, the models built from their own libraries and left u
     # diff; --anchors here also writes the anchors file from the merged rows; --note adds lines
     python benchmarks/real_models.py --report out1/real-models.json out2/real-models.json \
         out1/real-models-profile.json --tag real-models-h200 --out benchmarks/
+    # predicted (simulator, read from Inductor) against measured peaks, no torch.compile reference
+    python benchmarks/real_models.py --strategies eager remat "remat b0.5" --no-compile --warmup 1 \
+        --iters 3 --time-limit 330 --tag peaks --out out/
     # CPU smoke test: tiny configs from the same libraries, fp32
     python benchmarks/real_models.py --tiny --out out/
 
@@ -309,6 +312,12 @@ def plan_fields(fn: Callable) -> dict:
         "graphs": len(plans),
         "predicted_peak_mib": compose(plans, "predicted_peak_bytes", "saved_bytes") / MiB,
         "predicted_eager_peak_mib": compose(plans, "eager_peak_bytes", "eager_saved_bytes") / MiB,
+        # the simulator's prediction, and the peak read from Inductor's memory plan (0: not read)
+        "simulated_peak_mib": compose(plans, "simulated_peak_bytes", "saved_bytes") / MiB,
+        "read_peak_mib": (compose(plans, "compiled_peak_bytes", "saved_bytes") / MiB
+                          if all(p.compiled_peak_bytes for p in plans) else None),
+        "peak_model": sorted({p.peak_model for p in plans}),
+        "replans": [n for p in plans for n in p.notes if n.startswith("budget re-plan")],
         "plan_saved_mib": sum(p.saved_bytes for p in plans) / MiB,
         "plan_eager_saved_mib": sum(p.eager_saved_bytes for p in plans) / MiB,
         "recompute_ms_estimate": sum(p.recompute_seconds for p in plans) * 1e3,
@@ -538,6 +547,10 @@ def markdown(results: dict) -> str:
                 note = f"{note} dropout noise floor (eager vs eager, other seed): {r['grad_noise_floor']:.1e}".strip()
             if r.get("fallback"):
                 note = (note + f" fallback: {r['fallback']}").strip()
+            if r.get("simulated_peak_mib") and r.get("read_peak_mib"):
+                note = (note + f" simulated {r['simulated_peak_mib']:.0f}, read {r['read_peak_mib']:.0f}").strip()
+            if r.get("replans"):
+                note = (note + " " + "; ".join(r["replans"])[:200].replace("|", "/")).strip()
             if r.get("graphs", 1) > 1:
                 note = (note + f" {r['graphs']} graphs: predicted sum {r.get('predicted_peak_sum_mib', 0):.0f}").strip()
             lines.append(f"| {model} | {r['strategy']} | {r['ms']:.2f} | {_fmt(peak, '.0f')} | {_fmt(pred, '.0f')} | "
@@ -660,7 +673,7 @@ def strategy_list(args) -> list[str]:
     for n in names:
         if n not in STRATEGIES:
             raise SystemExit(f"unknown strategy {n!r}; expected some of {STRATEGIES}")
-    if "compile" not in names:  # the denominator of every ratio
+    if "compile" not in names and not args.no_compile:  # the denominator of every ratio
         names.insert(1 if names and names[0] == "eager" else 0, "compile")
     if "eager" in names:  # the gradient reference first
         names.remove("eager")
@@ -690,6 +703,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="kernel table of one step for compile and remat default of these models")
     parser.add_argument("--no-dropout", action="store_true",
                         help="GPT-2 with dropout 0 (gradient errors then compare like for like)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="do not add torch.compile as the reference of the ratios (saves its compile time)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=None,

@@ -38,9 +38,12 @@ class Backend(ABC):
         """Mark the partitioned modules before they are lowered (Inductor: block tags)."""
 
     @abstractmethod
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+                on_peak: Callable[[Any], None] | None = None) -> Any:
         """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
-        (``remat.partition``), and the two halves are compiled or run as this backend does."""
+        (``remat.partition``), and the two halves are compiled or run as this backend does. A
+        backend that plans its own memory calls ``on_peak`` with the step's peak read from the
+        compiled forward and backward (``remat.allocations.StepPeak``); others never call it."""
 
     def __repr__(self) -> str:
         return f"<remat backend {self.name!r}>"

@@ -4,11 +4,13 @@ with remat's partition function."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch.fx as fx
@@ -19,6 +21,7 @@ from .logs import planning, warn_at_user
 from .options import Options
 from .partition import make_partition_fn
 from .plan import Plan, format_bytes
+from .planner import plan_key
 
 __all__ = ["RematBackend", "remat_backend"]
 
@@ -80,11 +83,24 @@ class RematBackend:
         """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
         self._warned_breaks = False
         self._planned: Callable[[str], None] | None = None
+        self._break: str | None = None
+        """Where Dynamo ended the graph being compiled, if at a graph break."""
         self.split_ddp = False
         """Whether remat splits graphs at DDP's gradient buckets itself (set per call by
         ``distributed.remat_splits_ddp``; with ``torch.compile(backend="remat")`` Dynamo does)."""
         self.joints: list[fx.GraphModule] | None = [] if keep_joints else None
         """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
+        self.readings: dict[int, Any] = {}
+        """Plan index -> ``remat.allocations.Reading`` of its compiled graphs (Inductor)."""
+
+    def _apply_readings(self) -> None:
+        """Give each plan the peak read from its compiled graphs, under the caller the step's
+        graphs show (Note [What the caller holds] in ``remat.allocations``)."""
+        loss_in_step = any(r.loss_in_graph for r in self.readings.values())
+        for k, reading in self.readings.items():
+            if k < len(self.plans) and not self.plans[k].fallback:
+                peak = reading.peak(loss_in_step)
+                self.plans[k] = self.plans[k].with_compiled_peak(peak.peak_bytes, peak.at, peak.notes)
 
     def warn_graph_breaks(self, stacklevel: int = 2) -> None:
         """One warning per wrapped model listing its graph breaks, if it has any."""
@@ -114,6 +130,7 @@ class RematBackend:
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
+        self._break = where
         ddp = compat.active_ddp_module() if self.split_ddp and not self.explain_only else None
         if ddp is not None:
             return self._compile_by_bucket(gm, example_inputs, ddp.bucket_bytes_cap)
@@ -147,9 +164,43 @@ class RematBackend:
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         """Plan and compile one graph with this backend's options."""
         backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
-        partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend), self)
+        k = len(self.plans)  # the index this graph's plan gets
+
+        def read_peak(reading: Any) -> None:  # the compiled step's peak (remat.allocations)
+            self.readings[k] = reading
+            self._apply_readings()
+
+        budgeted = self.options.budget is not None and not self.explain_only
+        pristine = _copy(gm) if budgeted else None
+        known: dict[tuple[str, ...], int] = {}
+        missed: list[str] = []
+        while True:  # Note [Budget re-plan]
+            partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend,
+                                                    ends_at_break=self._break is not None, known_peaks=dict(known)), self)
+            with compat.backward_compiled_now() if budgeted else contextlib.nullcontext():
+                compiled = self._lower(backend, gm, example_inputs, partition, read_peak)
+            plan = self.plans[k] if k < len(self.plans) else None
+            if (pristine is None or plan is None or not plan.compiled_peak_bytes or plan.budget_bytes is None
+                    or plan.compiled_peak_bytes <= plan.budget_bytes):
+                break
+            if len(known) + 1 >= MAX_COMPILES:
+                missed.append(f"stopped re-planning after {MAX_COMPILES} compiles")
+                break
+            known[plan_key(plan)] = plan.compiled_peak_bytes
+            missed.append(f"a plan predicted at {format_bytes(plan.simulated_peak_bytes)} compiled to "
+                          f"{format_bytes(plan.compiled_peak_bytes)}, over the budget")
+            del self.plans[k:], self.frontiers[k:]
+            self.readings.pop(k, None)
+            gm, pristine = pristine, _copy(pristine)
+        if missed and k < len(self.plans):
+            note = f"budget re-plan ({len(known) + 1} compiles): " + "; ".join(missed)
+            self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, note))
+        return compiled
+
+    def _lower(self, backend: Any, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+               read_peak: Callable[[Any], None]) -> Any:
         try:
-            return backend.compile(gm, example_inputs, partition)
+            return backend.compile(gm, example_inputs, partition, read_peak)
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned
@@ -159,6 +210,28 @@ class RematBackend:
                     return gm.forward
                 cause = cause.__cause__
             raise
+
+
+MAX_COMPILES = 4
+"""At most this many compiles of one graph under a budget (Note [Budget re-plan])."""
+
+# Note [Budget re-plan]
+# Under a budget, the planner chooses the fastest candidate whose *predicted* peak fits. With a
+# backend that reads the compiled step's peak (Inductor: ``remat.allocations``), the backward is
+# compiled with the forward, and if the peak read from the compiled graphs misses the budget, the
+# graph is planned again with that candidate's read peak in place of its prediction
+# (``planner.choose(known=...)``), and compiled again: each miss costs one more compile of the
+# graph (forward and backward), at most ``MAX_COMPILES`` in all. A budget nothing fits raises
+# ``InfeasibleBudgetError`` as before, naming the read peaks it tried.
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A copy to compile again from (Inductor's passes change the graph they compile), or None
+    if the graph cannot be copied (then no re-plan)."""
+    try:
+        return copy.deepcopy(gm)
+    except Exception:  # noqa: BLE001 - a graph holding an object that cannot be copied
+        return None
 
 
 def clean_module_paths(gm: fx.GraphModule) -> None:

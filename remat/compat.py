@@ -35,6 +35,7 @@ __all__ = [
     "no_autograd_cache",
     "default_store",
     "dynamo_config_patch",
+    "backward_compiled_now",
     "size_hint",
     "graph_break",
     "is_sym",
@@ -101,6 +102,17 @@ def default_store() -> Any:
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_store()
+
+
+def backward_compiled_now() -> Any:
+    """Make AOTAutograd compile the backward with the forward, not at the first backward call:
+    ``torch._functorch.config.force_non_lazy_backward_lowering``, read by
+    ``aot_module_simplified`` when it is called (2.11, 2.13)."""
+    import contextlib
+
+    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):  # pragma: no cover
+        return contextlib.nullcontext()
+    return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
 
 def dynamo_config_patch(**changes: Any) -> Any:

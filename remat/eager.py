@@ -69,6 +69,7 @@ from . import compat
 from .backend import Backend
 from .cost import nbytes
 from .inductor.decompositions import eager_decompositions
+from .inductor.lowering import extern_workspace
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 
@@ -165,14 +166,15 @@ class EagerBackend(Backend):
     name = "eager"
 
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        """Op by op; an op's unread outputs are scratch while it runs (``unread_output_bytes``)."""
-        scratch = tuple(unread_output_bytes(n) for n in nodes)
-        return {"workspace": scratch} if any(scratch) else {}
+        """The scratch library kernels (convolution, attention) hold while they run, and an op's
+        unread outputs while it runs (``unread_output_bytes``)."""
+        return {"workspace": tuple(extern_workspace(n) + unread_output_bytes(n) for n in nodes)}
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None
 
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+                on_peak: Callable[[Any], None] | None = None) -> Any:
         def split(joint: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
             dropout_from_mask(joint)
             return partition(joint, *args, **kwargs)

@@ -6,7 +6,10 @@ The step is simulated on the joint graph, value by value, the way the partitione
    freed after its last forward use unless it is saved or a forward output.
 2. Boundary: forward outputs stay alive to the end of the step (the caller holds them while it
    computes the loss and runs the backward); the incoming output gradients (tangents) are
-   allocated and live to the end of the backward (the autograd Function's arguments hold them).
+   allocated and live to the end of the backward (the caller passed them). When the graph
+   computes the loss itself (``Schedule.caller_keeps_outputs`` is False), the other outputs
+   die at the boundary and the zero-filled output gradients after their last use (Note [What
+   the caller holds] in ``remat.allocations``).
 3. Backward: the backward ops in graph order; each op the backward computes from saved values
    alone (a recomputed forward op, an activation's derivative) is placed just before its first
    use. A value is freed after its last backward use; gradients (backward outputs) stay.
@@ -70,10 +73,19 @@ class Schedule:
     """The repeated block each node belongs to (``graph.block_of``): remat compiles with
     stage-local fusion, so no Inductor kernel spans two blocks."""
     workspace: tuple[int, ...] = ()
-    """Scratch bytes each (extern) node holds while it runs, beyond its output (op by op: the
-    outputs of a multi-output op that nothing reads, ``remat.eager.unread_output_bytes``)."""
+    """Scratch bytes each (extern) node holds while it runs, beyond its output (op by op, also
+    the outputs of a multi-output op that nothing reads, ``remat.eager.unread_output_bytes``)."""
+    kernel: tuple[int, ...] = ()
+    """The eager kernel each node's op was decomposed from (-1: its own op), for eager
+    autograd's schedule: op by op, consecutive nodes of one kernel run as one step, and only its
+    results take memory (``remat.graph``, Note [Eager kernels])."""
     heavy: frozenset[int] = frozenset()
     """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
+    caller_keeps_outputs: bool = True
+    """Whether the caller holds the forward's outputs, and the output gradients it passes in,
+    through the backward; False when the graph computes the loss (a scalar output gradient):
+    the other outputs die at the boundary and their gradients when the backward is done with
+    them (Note [What the caller holds] in ``remat.allocations``)."""
     model: StepModel | None = None
     """How the backend runs the step: ``None`` (or ``OP_BY_OP``), op by op as the uncompiled
     backend does; otherwise the backend's own model, such as Inductor's kernels
@@ -139,9 +151,11 @@ def simulate(s: Schedule, saved: set[int]) -> PeakResult:
     fwd = sorted(ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
     bwd = backward_order(s, saved)
     steps, boundary, nbytes, storage = (s.model or OP_BY_OP).steps(s, set(saved), fwd, bwd)
-    pin_end = {storage(v, 0) for v in s.fwd_outputs}
-    pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *s.tangent)}  # the autograd Function holds them
-    pin_boundary = {storage(v, 0) for v in saved}  # saved values live at least to the boundary
+    keep = s.caller_keeps_outputs
+    pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
+    pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
+    # saved values (and outputs the caller drops) live at least to the boundary
+    pin_boundary = {storage(v, 0) for v in (*saved, *(() if keep else s.fwd_outputs))}
     return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
 
 
@@ -155,7 +169,7 @@ def floor_bytes(s: Schedule) -> int:
     counts; under Inductor only extern kernels (a matmul reads and writes real buffers) and the
     end of the step, since fused work may keep its operands on chip."""
     pre = set(s.graph_input)
-    pinned = {s.root[v] for v in (*s.fwd_outputs, *s.tangent)} - pre
+    pinned = {s.root[v] for v in (*s.fwd_outputs, *s.tangent)} - pre if s.caller_keeps_outputs else set()
     grads = {s.root[v] for v in s.bwd_outputs} - pre
     done: set[int] = set()
     best = sum(s.nbytes[r] for r in pinned | grads)
@@ -200,7 +214,9 @@ class StepModel(Protocol):
 
 class OpByOp:
     """The uncompiled backend: one step per op, every op's output a tensor; every backward op's
-    operands are in memory while it runs."""
+    operands are in memory while it runs, and a library kernel's scratch (``Schedule.workspace``)."""
+
+    name = "simulated: op by op"
 
     def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
         return _op_steps(s, saved, fwd, bwd)
@@ -223,15 +239,24 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
 
     timeline = [(v, 0) for v in fwd] + [(v, 1) for v in sorted(s.tangent)] + [(v, 1) for v in bwd]
     steps, nbytes = [], {}
-    for v, phase in timeline:
+    boundary, last = len(fwd), None
+    for t, (v, phase) in enumerate(timeline):
         own = bool(s.nbytes[v]) and s.root[v] == v and v not in pre
         if own:
             nbytes[(v, phase)] = s.nbytes[v]
         where = "forward" if phase == 0 else "backward"
-        steps.append(Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
-                           frozenset(storage(u, phase) for u in s.inputs[v]),
-                           s.workspace[v] if s.workspace else 0))
-    return steps, len(fwd), nbytes, storage
+        step = Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
+                    frozenset(storage(u, phase) for u in s.inputs[v]), s.workspace[v] if s.workspace else 0)
+        kernel = (s.kernel[v], phase) if s.kernel and s.kernel[v] >= 0 else None
+        if kernel is not None and kernel == last:  # one eager kernel: one step (Note [Eager kernels])
+            prev = steps[-1]
+            steps[-1] = Step(step.label, prev.allocs + step.allocs, prev.reads | step.reads,
+                             max(prev.scratch, step.scratch))
+            boundary -= t < len(fwd)
+        else:
+            steps.append(step)
+        last = kernel
+    return steps, boundary, nbytes, storage
 
 
 def _replay(steps: list[Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],

@@ -55,6 +55,11 @@ class Status(_Name):
     TANGENT = "tangent"
 
 
+READ = "read: Inductor's memory plan"
+"""``Plan.peak_model`` once the peak was read from the compiled graphs."""
+_READ_NOTE = "peak read from Inductor's memory plan"
+
+
 @dataclass(frozen=True, slots=True)
 class ValueInfo:
     """What every report says of one value of the joint graph: the fields ``NodeFacts``,
@@ -134,7 +139,19 @@ class Plan:
     """Every node of the joint graph with its status, in graph order (empty for a fallback)."""
     predicted_peak_bytes: int = 0
     """Predicted peak activation memory of one step under this plan, as the chosen backend runs
-    it: op by op (``"eager"``) or as Inductor's kernels (``"inductor"``; see ``remat.peak``)."""
+    it: the best prediction available, named by ``peak_model``. Before compiling, the simulator's
+    (``remat.peak``): op by op (``"eager"``) or Inductor's kernels as remat models them
+    (``"inductor"``); once Inductor has compiled the forward and the backward, the peak read
+    from the memory plan it generated (``compiled_peak_bytes``)."""
+    peak_model: str = ""
+    """What produced ``predicted_peak_bytes``: ``"simulated: op by op"``, ``"simulated: Inductor
+    step model"`` or ``"read: Inductor's memory plan"``."""
+    simulated_peak_bytes: int = 0
+    """The simulator's prediction (``remat.peak``), kept when a compiled reading replaces it."""
+    compiled_peak_bytes: int = 0
+    """The step's peak read from the allocations Inductor planned for the compiled forward and
+    backward (``remat.allocations``); 0 until both are compiled (AOTAutograd compiles the
+    backward at the first backward call unless a budget asks for it at once)."""
     eager_peak_bytes: int = 0
     """Predicted peak of eager autograd on the same graph: saving what autograd saves,
     recomputing nothing, run uncompiled op by op (whatever the backend). Budget fractions are
@@ -163,6 +180,15 @@ class Plan:
     """How many times the backward computes each entry of ``recomputed`` (same order): 2 for an
     op a nested plan recomputes in the sweep and again before its segment's backward. Empty when
     every recomputed op runs once."""
+
+    def with_compiled_peak(self, peak_bytes: int, where: str = "", caveats: tuple[str, ...] = ()) -> Plan:
+        """This plan with its step's peak read from the compiled graphs (``compiled_peak_bytes``),
+        which becomes ``predicted_peak_bytes``; the simulator's stays in ``simulated_peak_bytes``."""
+        note = (f"peak read from Inductor's memory plan: {format_bytes(peak_bytes)}" + (f" at {where}" if where else "")
+                + "".join(f" ({c})" for c in caveats))
+        return replace(self, compiled_peak_bytes=peak_bytes, predicted_peak_bytes=peak_bytes,
+                       simulated_peak_bytes=self.simulated_peak_bytes or self.predicted_peak_bytes,
+                       peak_model=READ, notes=(*[n for n in self.notes if not n.startswith(_READ_NOTE)], note))
 
     @property
     def saved_bytes(self) -> int:
@@ -215,6 +241,7 @@ class Plan:
             eager_peak = max(eager_peak, eager_before + p.eager_peak_bytes)
             before += p.saved_bytes
             eager_before += p.eager_saved_bytes
+        models = sorted({p.peak_model for p in plans if p.peak_model})
         if all(p.predicted_peak_bytes for p in plans):
             notes.append(f"peak of {len(plans)} graphs: the largest over graphs of its own predicted peak plus "
                          "what the graphs before it save (forwards in order, backwards in reverse)")
@@ -226,6 +253,9 @@ class Plan:
                    recompute_flops=sum(p.recompute_flops for p in plans),
                    recompute_seconds=sum(p.recompute_seconds for p in plans),
                    predicted_peak_bytes=peak, eager_peak_bytes=eager_peak,
+                   peak_model=" + ".join(models),
+                   simulated_peak_bytes=_combined(plans, "simulated_peak_bytes"),
+                   compiled_peak_bytes=_combined(plans, "compiled_peak_bytes"),
                    peak_floor_bytes=max(p.peak_floor_bytes for p in plans) if peak else 0)
 
     def __str__(self) -> str:
@@ -326,6 +356,18 @@ class Plan:
         from .report import to_html
 
         return to_html(self, path, frontier=frontier, title=title)
+
+
+def _combined(plans: list[Plan], attr: str) -> int:
+    """``Plan.combine``'s composition of one peak field (0 unless every graph has it)."""
+    peak = before = 0
+    for p in plans:
+        value = getattr(p, attr)
+        if not value:
+            return 0
+        peak = max(peak, before + value)
+        before += p.saved_bytes
+    return peak
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .frontier import bytes_first_weight, hull
 from .graph import JointGraph, analyze
 from .nesting import copy_of, nest
 from .options import Options
-from .peak import floor_bytes, simulate
+from .peak import OP_BY_OP, floor_bytes, simulate
 from .plan import Plan, PlanNode, Role, SavedTensor, Status
 from .policy import Decision, decide
 from .reach import reachable
@@ -37,7 +37,7 @@ from .solver import ConflictError, describe, solve, solve_weighted
 from .units import format_bytes
 
 __all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "non_dominated",
-           "COST_RULES", "CHECKPOINT"]
+           "COST_RULES", "CHECKPOINT", "plan_key"]
 
 log = logging.getLogger("remat")
 
@@ -115,7 +115,13 @@ class Candidate:
         return self.plan.saved_bytes
 
 
-def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0) -> Candidate:
+def plan_key(plan: Plan) -> tuple[str, ...]:
+    """What identifies a candidate plan across traces of the same graph: its saved values' names."""
+    return tuple(sorted(s.name for s in plan.saved))
+
+
+def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0,
+           known: dict[tuple[str, ...], int] | None = None) -> Candidate:
     """The fastest candidate whose predicted peak fits both the budget and the default plan's
     predicted peak (``candidates[0]``): a budget never buys speed with memory beyond what the
     default plan uses, so a large budget gives the default plan or a plan at least as small and
@@ -124,11 +130,19 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     is below it).
 
     Monotone: lowering the budget only removes candidates, so the chosen peak never rises and
-    the estimated recompute time never falls."""
-    cap = min(budget_bytes, candidates[0].peak)
-    fitting = [c for c in candidates if c.peak <= cap]
+    the estimated recompute time never falls.
+
+    ``known``: peaks read from compiled candidates (``plan_key`` -> bytes; the budget's re-plan in
+    ``remat.capture``), used instead of their predictions."""
+    known = known or {}
+
+    def peak(c: Candidate) -> int:
+        return known.get(plan_key(c.plan), c.peak)
+
+    cap = min(budget_bytes, peak(candidates[0]))
+    fitting = [c for c in candidates if peak(c) <= cap]
     if not fitting:
-        best = min(c.peak for c in candidates)
+        best = min(peak(c) for c in candidates)
         why = ""
         if floor and budget_bytes < floor:
             why = (f"none of remat's plans can fit it: in remat's model of this step the gradients, "
@@ -141,7 +155,7 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
             f"{format_bytes(eager_peak)}){'; ' + why if why else ''}. Raise the budget to at least "
             f"{format_bytes(best)}, or use remat.pareto(model, *inputs) to see every trade-off."
         )
-    return min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))
+    return min(fitting, key=lambda c: (c.time, peak(c), c.saved_bytes))
 
 
 def non_dominated(plans: list[Plan]) -> list[Plan]:
@@ -169,20 +183,23 @@ class Planned:
 
 def plan_joint_graph(
     gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
-    want_frontier: bool = False, backend: Backend | None = None,
+    want_frontier: bool = False, backend: Backend | None = None, ends_at_break: bool = False,
+    known_peaks: dict[tuple[str, ...], int] | None = None,
 ) -> Planned:
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
     (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
-    that will lower the graph (by default ``options.backend``'s)."""
+    that will lower the graph (by default ``options.backend``'s); ``ends_at_break``: see
+    ``remat.graph.analyze``; ``known_peaks``: see ``choose``."""
     gm.graph.eliminate_dead_code()
-    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model)  # op by op
+    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,  # op by op
+                          backend_for("eager"), eager_kernels=True, ends_at_break=ends_at_break)
     eager = EagerBaseline(
         saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
     )
     cse(gm)
     jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,
-                 backend or backend_for(options.backend))
+                 backend or backend_for(options.backend), ends_at_break=ends_at_break)
     eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
     no_recompute, no_save, reasons = _decisions(jg, options)
     problem = jg.problem(no_recompute, no_save)
@@ -210,12 +227,12 @@ def plan_joint_graph(
                                         build_plan(jg, v.saved, v.recomputed, relaxed_nr, reasons, eager), "hull"))
     candidates += _segment_plans(jg, candidates, relaxed_nr, no_save, reasons, eager)
     candidates += _nested_plans(gm, num_fwd_outputs, static_input_indices, jg, relaxed_nr, options, backend,
-                                candidates, eager)
+                                candidates, eager, ends_at_break)
     frontier = tuple(non_dominated([c.plan for c in candidates]))
     if options.budget is None:
         return Planned(jg, list(sol.saved), plan, frontier)
     limit = options.budget.resolve(eager.peak_bytes)
-    chosen = choose(candidates, limit, eager.peak_bytes, eager.floor_bytes)
+    chosen = choose(candidates, limit, eager.peak_bytes, eager.floor_bytes, known_peaks)
     chosen_jg = chosen.jg or jg
     return Planned(chosen_jg, list(chosen.saved), dataclasses.replace(chosen.plan, budget_bytes=limit), frontier,
                    gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)
@@ -272,7 +289,7 @@ def _checkpoint_sets(jg: JointGraph, act: set[int], tensors_only: bool = False) 
 
 def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], jg: JointGraph,
                   relaxed_nr: dict[int, str], options: Options, backend: Backend | None, known: list[Candidate],
-                  eager: EagerBaseline) -> list[Candidate]:
+                  eager: EagerBaseline, ends_at_break: bool = False) -> list[Candidate]:
     """Nested checkpoint plans (``remat.nesting``), uncompiled backend only: for each
     ``(outer, inner)`` pair of ``segments.nested_sets``, the joint graph rewritten with copies,
     planned with the outer checkpoints saved, the inner ones and the copies recomputed, and
@@ -288,7 +305,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     found = []
     for outer, inner in nested_sets(_checkpoint_sets(jg, act, tensors_only=True)):
         gm2 = nest(gm, jg.nodes, act, jg.forward, keep | set(outer) | set(inner))
-        jg2 = analyze(gm2, num_fwd_outputs, static, options.device_model, backend)
+        jg2 = analyze(gm2, num_fwd_outputs, static, options.device_model, backend, ends_at_break=ends_at_break)
         names = [jg.nodes[c].name for c in (*outer, *inner)]
         solved = _solve_nested(jg2, options, names[:len(outer)], names[len(outer):])
         if solved is not None:
@@ -382,7 +399,9 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         recompute_times=tuple(times.values()) if any(t > 1 for t in times.values()) else (),
         eager_saved_bytes=eager.saved_bytes,
         nodes=tuple(nodes),
-        predicted_peak_bytes=simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes,
+        predicted_peak_bytes=(peak := simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes),
+        simulated_peak_bytes=peak,
+        peak_model=getattr(sched.model or OP_BY_OP, "name", ""),
         eager_peak_bytes=eager.peak_bytes,
         peak_floor_bytes=eager.floor_bytes,
         recompute_flops=int(flops),

@@ -9,13 +9,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..allocations import GraphTrace, Reading, read_step
 from ..backend import Backend
 from ..graph import device_of
 from . import fusion
 from .hooks import compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
 from .lowering import schedule_fields
-from .versions import check_torch_version
+from .versions import check_torch_version, drift
 
 __all__ = ["InductorBackend", "rules_for_graph"]
 
@@ -41,7 +42,29 @@ class InductorBackend(Backend):
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)
 
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any]) -> Any:
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+                on_peak: Callable[[Reading], None] | None = None) -> Any:
         check_torch_version()
+        reading = _StepReading(on_peak) if on_peak is not None else None
         with inductor_partitioner(partition):
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, reading.on_graph if reading else None)
+
+
+class _StepReading:
+    """Collects the memory plans of one captured graph's compiled forward and backward and hands
+    the step's peak under both callers (``remat.allocations.read_step``) to ``report`` once both
+    are compiled."""
+
+    def __init__(self, report: Callable[[Reading], None]):
+        self.report = report
+        self.forward: tuple[list[str | None], GraphTrace] | None = None
+
+    def on_graph(self, is_backward: bool, names: tuple[list[str | None], list[str], set[str]],
+                 trace: GraphTrace) -> None:
+        if trace.unknown:  # a line the reader does not know: the read peak may be off
+            drift("read_allocations", f"a reader for the wrapper lines {', '.join(sorted(set(trace.unknown)))}")
+        if not is_backward:
+            self.forward = (names[0], trace)
+        elif self.forward is not None:
+            outputs, fw = self.forward
+            self.report(read_step(fw, trace, outputs, names[1], names[2]))

@@ -16,8 +16,9 @@ from torch._inductor import config as inductor_config  # 2.11, 2.13
 from .. import compat
 from .lowering import fusion_blocks
 from .versions import drift, drift_error
+from .wrapper_reading import read_allocations
 
-__all__ = ["compile_fx", "inductor_partitioner", "stage_local_fusion", "STAGE_KEY", "tag_stages"]
+__all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_fusion", "STAGE_KEY", "tag_stages"]
 
 # Note [Recompute precision]
 # A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
@@ -29,19 +30,45 @@ __all__ = ["compile_fx", "inductor_partitioner", "stage_local_fusion", "STAGE_KE
 # recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
 
 
-def compile_fx(gm: fx.GraphModule, example_inputs: Any) -> Any:
+def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set[str]]:
+    """(the name of each output, the name of each placeholder, the placeholders holding a 0-dim
+    tensor) of an fx graph, as the partition made it (before Inductor's passes rename
+    anything)."""
+    out = gm.graph.find_nodes(op="output")[0].args[0]
+    outs = [a.name if isinstance(a, fx.Node) else None for a in (out if isinstance(out, (tuple, list)) else [out])]
+    holders = gm.graph.find_nodes(op="placeholder")
+    scalars = {n.name for n in holders if getattr(n.meta.get("val"), "ndim", None) == 0}
+    return outs, [n.name for n in holders], scalars
+
+
+GraphNames = tuple[list[str | None], list[str], set[str]]
+"""``graph_io_names``: output names, placeholder names, 0-dim placeholders."""
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs: Any,
+               on_graph: Callable[[bool, GraphNames, Any], None] | None = None) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
     ``inner_compile`` argument (``compile_fx_inner``): 2.11, 2.13. Its ``config_patches`` and
     ``inner_compile`` also apply to the backward, which AOTAutograd compiles later, at the first
     backward call. Low-precision casts are kept: see Note [Recompute precision]. Each graph is
     compiled with stage-local fusion (``stage_local_fusion``) and without Inductor's FX graph
-    cache, whose key sees neither node meta nor the fusion choices."""
+    cache, whose key sees neither node meta nor the fusion choices. ``on_graph(is_backward,
+    (output names, input names, 0-dim inputs), trace)`` receives each training graph's memory plan
+    (``wrapper_reading.read_allocations``); ``is_backward`` and ``is_inference`` are
+    ``compile_fx_inner``'s keyword arguments (2.11, 2.13)."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
     from torch._inductor.compile_fx import compile_fx_inner
 
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        with stage_local_fusion():
-            return compile_fx_inner(*args, **kwargs)
+    def inner(graph: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        if on_graph is None or kwargs.get("is_inference"):
+            with stage_local_fusion():
+                return compile_fx_inner(graph, *args, **kwargs)
+        names, traces = graph_io_names(graph), []
+        with stage_local_fusion(), read_allocations(traces.append):
+            result = compile_fx_inner(graph, *args, **kwargs)
+        if traces:
+            on_graph(bool(kwargs.get("is_backward", False)), names, traces[-1])
+        return result
 
     patches: dict[str, Any] = {"fx_graph_cache": False}
     if hasattr(inductor_config, "emulate_precision_casts"):

@@ -21,6 +21,7 @@ class KernelModel:
     its operands on chip."""
 
     rules: FusionRules
+    name = "simulated: Inductor step model"
 
     def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
         return kernel_steps(s, saved, fwd, bwd, self.rules)
