@@ -36,6 +36,7 @@ __all__ = [
     "default_store",
     "dynamo_config_patch",
     "backward_compiled_now",
+    "drift",
     "size_hint",
     "graph_break",
     "is_sym",
@@ -104,13 +105,25 @@ def default_store() -> Any:
     return distributed_c10d._get_default_store()
 
 
+@functools.cache
+def drift(what: str, missing: str, consequence: str) -> None:
+    """Warn once that ``what`` cannot use a private torch API this torch lacks (``missing``),
+    and what remat does instead: a fallback must never be silent."""
+    import warnings
+
+    warnings.warn(f"remat: {what} needs {missing}, which torch {torch.__version__} lacks (checked on "
+                  f"2.11 and 2.13); {consequence}. Please report this torch version.", stacklevel=3)
+
+
 def backward_compiled_now() -> Any:
     """Make AOTAutograd compile the backward with the forward, not at the first backward call:
     ``torch._functorch.config.force_non_lazy_backward_lowering``, read by
     ``aot_module_simplified`` when it is called (2.11, 2.13)."""
     import contextlib
 
-    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):  # pragma: no cover
+    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        drift("the budget re-plan", "torch._functorch.config.force_non_lazy_backward_lowering",
+              "a plan whose compiled peak misses the budget is not replaced")
         return contextlib.nullcontext()
     return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
@@ -156,9 +169,14 @@ def can_split_ddp() -> bool:
 
         params = inspect.signature(DDPOptimizer.__init__).parameters
         source = inspect.getsource(DDPOptimizer.compile_fn)
+        ok = {"bucket_bytes_cap", "backend_compile_fn"} <= params.keys() and "split_module.split_module(" in source
     except (ImportError, AttributeError, OSError, TypeError):
-        return False
-    return {"bucket_bytes_cap", "backend_compile_fn"} <= params.keys() and "split_module.split_module(" in source
+        ok = False
+    if not ok:
+        drift("remat's own DDP bucket split", "DDPOptimizer(bucket_bytes_cap, backend_compile_fn) splitting "
+              "through torch.fx.passes.split_module.split_module",
+              "Dynamo splits DDP graphs itself, and pieces may keep more than the whole graph's plan")
+    return ok
 
 
 def ddp_bucket_split(gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int,

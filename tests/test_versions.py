@@ -91,3 +91,26 @@ def test_pooling_model_in_a_fresh_process():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.startswith("ok")
+
+
+def test_compat_fallbacks_warn_instead_of_silently_changing_behaviour(monkeypatch):
+    import contextlib
+
+    from torch._functorch import config as functorch_config
+
+    from remat import compat
+
+    compat.drift.cache_clear()
+    compat.can_split_ddp.cache_clear()
+    monkeypatch.delattr(functorch_config, "force_non_lazy_backward_lowering", raising=False)
+    with pytest.warns(UserWarning, match="budget re-plan needs .*force_non_lazy_backward_lowering"):
+        ctx = compat.backward_compiled_now()
+    assert isinstance(ctx, contextlib.nullcontext)
+
+    from torch._dynamo.backends import distributed as dynamo_ddp
+
+    monkeypatch.setattr(dynamo_ddp.DDPOptimizer, "compile_fn", lambda self, gm, inputs: gm)
+    with pytest.warns(UserWarning, match="own DDP bucket split .*Dynamo splits DDP graphs itself"):
+        assert compat.can_split_ddp() is False
+    compat.drift.cache_clear()
+    compat.can_split_ddp.cache_clear()
