@@ -194,10 +194,11 @@ def step_peak_bytes(fn: Callable, model: nn.Module, ids: torch.Tensor, device: t
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def kept_bytes(fn: Callable, model: nn.Module, ids: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for the backward during one forward, other
-    than parameters and buffers (``torch.autograd.graph.saved_tensors_hooks``): what the step's
-    graphs really keep, a tensor two bucket graphs both save counted once."""
+def saved_storage_bytes(forward: Callable[[], Any], model: nn.Module) -> tuple[int, Any]:
+    """Bytes of the distinct storages autograd saves for the backward while ``forward()`` runs,
+    other than ``model``'s parameters and buffers (``torch.autograd.graph.saved_tensors_hooks``):
+    what the step's graphs really keep, a tensor two graphs both save counted once; and what
+    ``forward()`` returned."""
     state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     seen: dict[int, int] = {}
 
@@ -207,11 +208,17 @@ def kept_bytes(fn: Callable, model: nn.Module, ids: torch.Tensor) -> int:
             seen[s.data_ptr()] = s.nbytes()
         return t
 
-    model.zero_grad(set_to_none=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = fn(input_ids=ids, labels=ids).loss
+        out = forward()
+    return sum(seen.values()), out
+
+
+def kept_bytes(fn: Callable, model: nn.Module, ids: torch.Tensor) -> int:
+    """``saved_storage_bytes`` of one LM step's forward (the step's backward runs after it)."""
+    model.zero_grad(set_to_none=True)
+    kept, loss = saved_storage_bytes(lambda: fn(input_ids=ids, labels=ids).loss, model)
     loss.backward()
-    return sum(seen.values())
+    return kept
 
 
 def max_over_ranks(value: float | None, device: torch.device) -> float | None:

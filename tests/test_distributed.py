@@ -23,6 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn
 
 import remat
+from benchmarks.distributed import saved_storage_bytes
 from remat.distributed import fingerprint
 
 pytestmark = pytest.mark.skipif(
@@ -431,23 +432,6 @@ def _one_rank_group():
         dist.destroy_process_group()
 
 
-def _saved_bytes_at_runtime(forward, model: nn.Module) -> tuple[int, torch.Tensor]:
-    """Bytes of the distinct storages autograd saves for the backward while ``forward()`` runs,
-    other than the model's parameters and buffers (what the forward really keeps, however many
-    graphs keep a tensor), and the forward's output."""
-    state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in state:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = forward()
-    return sum(seen.values()), out
-
 
 @pytest.mark.parametrize("order", ["ddp_inner", "ddp_outer"])
 def test_ddp_bucket_pieces_keep_what_the_whole_plan_keeps(order):
@@ -463,7 +447,7 @@ def test_ddp_bucket_pieces_keep_what_the_whole_plan_keeps(order):
     whole = remat.explain(remat.checkpoint(m, backend="eager"), x)
     with _one_rank_group():
         wrapped = COMPOSITIONS[order](m, "eager")
-        saved, y = _saved_bytes_at_runtime(lambda: wrapped(x), m)
+        saved, y = saved_storage_bytes(lambda: wrapped(x), m)
         loss_of(y).backward()
         pieces = remat.compiled_plans(wrapped)
     assert whole.graphs == 1 and len(pieces) > 1
@@ -491,7 +475,7 @@ def test_ddp_split_cost_of_hf_llama_is_under_a_tenth_of_the_saving():
     whole = remat.explain(remat.checkpoint(m, backend="eager"), input_ids=ids, labels=ids)
     with _one_rank_group():
         wrapped = DDP(remat.checkpoint(m, backend="eager"), bucket_cap_mb=1)
-        saved, loss = _saved_bytes_at_runtime(lambda: wrapped(input_ids=ids, labels=ids).loss, m)
+        saved, loss = saved_storage_bytes(lambda: wrapped(input_ids=ids, labels=ids).loss, m)
         loss.backward()
         pieces = remat.compiled_plans(wrapped)
     assert whole.graphs == 1 and len(pieces) > 1
