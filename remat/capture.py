@@ -153,8 +153,9 @@ class RematBackend:
         on a copy (Inductor's passes change graphs in place) without compiling it. Empty sets
         (split as Dynamo does) when there is no training graph or its planning fell back."""
         whole = RematBackend(dataclasses.replace(self.options, budget=None), explain_only=True, keep_joints=True)
-        copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-        copied.meta.update(gm.meta)
+        copied = _copy(gm)
+        if copied is None:
+            return set(), set()
         whole(copied, example_inputs)
         if not whole.plans or not whole.joints or whole.plans[0].fallback is not None:
             return set(), set()
@@ -176,7 +177,8 @@ class RematBackend:
         missed: list[str] = []
         while True:  # Note [Budget re-plan]
             partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend,
-                                                    ends_at_break=self._break is not None, known_peaks=dict(known)), self)
+                                                    ends_at_break=self._break is not None,
+                                                    known_peaks=dict(known)), self)
             with compat.backward_compiled_now() if budgeted else contextlib.nullcontext():
                 compiled = self._lower(backend, gm, example_inputs, partition, read_peak)
             plan = self.plans[k] if k < len(self.plans) else None
@@ -226,12 +228,14 @@ MAX_COMPILES = 4
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule | None:
-    """A copy to compile again from (Inductor's passes change the graph they compile), or None
-    if the graph cannot be copied (then no re-plan)."""
+    """A copy of ``gm`` to plan or compile again from (Inductor's passes change the graph they
+    compile), sharing its parameters and constants; None if the graph cannot be copied."""
     try:
-        return copy.deepcopy(gm)
-    except Exception:  # noqa: BLE001 - a graph holding an object that cannot be copied
+        copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the graph anew; its attributes shared
+    except Exception:  # noqa: BLE001 - a node meta holding an object that cannot be copied
         return None
+    copied.meta.update(gm.meta)
+    return copied
 
 
 def clean_module_paths(gm: fx.GraphModule) -> None:
