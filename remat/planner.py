@@ -261,12 +261,17 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     rivals = [(c.plan.predicted_peak_bytes, c.plan.recompute_seconds) for c in known] + [f[:2] for f in found]
     out = []
     for peak, t, cps, nr, s in found:
-        if any(pk <= peak and tt <= t and (pk, tt) != (peak, t) for pk, tt in rivals):
+        if _beaten(peak, t, rivals):
             continue
         p = build_plan(jg, s.saved, s.recomputed, nr, {**reasons, **nr}, eager)
         p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in cps))
         out.append(Candidate(s.saved, s.recomputed, p, "segments"))
     return out
+
+
+def _beaten(peak: int, t: float, rivals: list[tuple[int, float]]) -> bool:
+    """Whether another (predicted peak, recompute time) point is no worse on both and differs."""
+    return any(pk <= peak and tt <= t and (pk, tt) != (peak, t) for pk, tt in rivals)
 
 
 def _activations(jg: JointGraph) -> set[int]:
@@ -313,7 +318,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     rivals = [(c.plan.predicted_peak_bytes, c.plan.recompute_seconds) for c in known] + [f[:2] for f in found]
     out = []
     for peak, t, s, nr2, reasons2, outer, inner, jg2 in found:
-        if any(pk <= peak and tt <= t and (pk, tt) != (peak, t) for pk, tt in rivals):
+        if _beaten(peak, t, rivals):
             continue
         p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager)
         p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in outer),
