@@ -37,8 +37,13 @@ so that gradient is ready earlier; the later piece's own gradients wait for the 
 backward, a few pointwise kernels. Ops are never moved when that could change what runs: random
 ops (dropout keeps its place in the random stream), mutations and collectives, ops that do not
 produce a tensor, ops with a non-tensor input computed in the graph (only tensors cross a
-boundary remat made), and every op of a graph with autocast or grad-mode switches (the split
-replays those regions per piece, by position).
+boundary remat made). A moved op or a copy goes just before its first reader in its new piece, so
+the pieces stay in graph order: ``split_module`` replays autocast and grad-mode regions piece by
+piece and needs that order. An op moves only to where it runs under the same autocast and grad
+mode as where it was (``_modes``): the rotary tables some transformers releases (5.17) compute
+under ``torch.no_grad`` stay where they are, and later pieces read them. (Graphs with such regions
+used to be left as they were, and their pieces kept most of what the split costs without
+``regroup``.)
 """
 
 from __future__ import annotations
@@ -118,6 +123,26 @@ def _switch(node: fx.Node) -> bool:
     return node.op == "call_function" and getattr(node.target, "__name__", "") in _SWITCHES
 
 
+def _modes(graph: fx.Graph) -> dict[fx.Node, tuple]:
+    """The autocast and grad mode each node of ``graph`` runs under, as far as the graph sets
+    them: the arguments of the innermost ``_set_grad_enabled`` before it (``None``: the mode the
+    graph is called in) and of each autocast region it is inside, outermost first. Two nodes
+    with equal modes compute the same thing at either's place."""
+    grad: tuple | None = None
+    autocasts: list[fx.Node] = []
+    modes: dict[fx.Node, tuple] = {}
+    for n in graph.nodes:
+        name = getattr(n.target, "__name__", "") if _switch(n) else ""
+        if name == "_set_grad_enabled":
+            grad = tuple(n.args)
+        elif name == "_enter_autocast":
+            autocasts.append(n)
+        elif name == "_exit_autocast" and n.args and n.args[0] in autocasts:
+            autocasts.remove(n.args[0])
+        modes[n] = (grad, tuple(tuple(a.args) for a in autocasts))
+    return modes
+
+
 def regroup(dynamo: fx.GraphModule, piece: dict[fx.Node, int], kept: set[str],
             recomputed: set[str]) -> dict[fx.Node, int]:
     """``piece`` (the bucket piece of each node of ``dynamo``, as DDP's split chose it) with the
@@ -125,26 +150,41 @@ def regroup(dynamo: fx.GraphModule, piece: dict[fx.Node, int], kept: set[str],
     a node only later pieces read moves to the first of them; a node its own piece reads too
     stays and gets a copy (``dynamo`` changes in place) in each later piece that reads it. One
     pass from the last node back, so a recomputed chain follows its readers back to values the
-    whole plan keeps. Graphs with autocast or grad-mode switches are left as they are (the
-    split replays those regions per piece). See Note [Bucket pieces keep the whole plan]."""
+    whole plan keeps. See Note [Bucket pieces keep the whole plan].
+
+    A moved node or a copy goes just before its first reader in its new piece, so the pieces
+    stay in graph order (``split_module`` needs that to replay autocast and grad-mode regions
+    piece by piece), and only where it runs under the same autocast and grad mode as where it
+    was (``_modes``): an op under ``torch.no_grad`` (HF's rotary tables) is read, not copied,
+    by a later piece outside that region."""
     moved = dict(piece)
-    if any(_switch(n) for n in dynamo.graph.nodes):
-        return moved
-    for n in reversed(list(dynamo.graph.nodes)):
+    graph = dynamo.graph
+    modes = _modes(graph)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in reversed(list(graph.nodes)):
         if n not in moved or not _movable(n, kept, recomputed):
             continue
-        later = sorted({moved[u] for u in n.users if u in moved and moved[u] > moved[n]})
+        first: dict[int, fx.Node] = {}
+        for u in n.users:
+            p = moved.get(u)
+            if p is not None and p > moved[n] and (p not in first or order[u] < order[first[p]]):
+                first[p] = u
+        later = sorted(p for p in first if modes.get(first[p]) == modes[n])
         if not later:
             continue
-        if not any(moved[u] == moved[n] for u in n.users if u in moved):
-            moved[n] = later.pop(0)
+        if not any(moved[u] <= moved[n] for u in n.users if u in moved) and later[0] == min(first):
+            p = later.pop(0)
+            first[p].prepend(n)
+            moved[n] = p
         for p in later:
-            with dynamo.graph.inserting_after(n):
-                copy = dynamo.graph.node_copy(n)
+            with graph.inserting_before(first[p]):
+                copy = graph.node_copy(n)
             copy.meta = dict(n.meta)
             moved[copy] = p
+            modes[copy] = modes[n]
             for u in [u for u in n.users if u is not copy and moved.get(u) == p]:
                 u.replace_input_with(n, copy)
-    dynamo.graph.lint()
+        order = {n: i for i, n in enumerate(graph.nodes)}
+    graph.lint()
     dynamo.recompile()
     return moved

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch.fx.passes.split_module import split_module
 
 from remat.buckets import regroup
 
@@ -52,12 +53,58 @@ def test_regroup_moves_copies_and_keeps():
     torch.testing.assert_close(gm(x, w1, w2), want)
 
 
-def test_regroup_leaves_graphs_with_autocast_regions_alone():
+def g(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    t = x.cos()  # piece 0, under no_grad (inserted below); recomputed; read in piece 1 only
+    a = x @ w1  # piece 0; saved
+    b = a.sin()  # piece 0; recomputed; read in piece 1 only
+    return (a @ w2) * t + b  # piece 1
+
+
+def test_regroup_keeps_grad_mode_regions_and_graph_order():
+    """HF Llama's rotary tables run under ``torch.no_grad`` (a ``_set_grad_enabled`` pair in
+    Dynamo's graph). ``split_module`` replays such regions piece by piece and needs the pieces in
+    graph order. An op outside the region moves to just before its reader in the later piece;
+    the op inside it stays, since it would run with grad enabled at its reader's place."""
+    gm = fx.symbolic_trace(g)
+    _Record(gm).run(*(torch.randn(4, 4) for _ in range(3)))
+    nodes = {n.name: n for n in gm.graph.nodes}
+    with gm.graph.inserting_before(nodes["cos"]):
+        off = gm.graph.call_function(torch._C._set_grad_enabled, (False,))
+    with gm.graph.inserting_after(nodes["cos"]):
+        on = gm.graph.call_function(torch._C._set_grad_enabled, (True,))
+    gm.recompile()
+    later = ("matmul_1", "mul", "add")
+    piece = {n: (1 if n.name in later else 0) for n in gm.graph.nodes if n.op not in ("placeholder", "output")}
+    moved = regroup(gm, dict(piece), kept={"matmul"}, recomputed={"cos", "sin"})
+    assert moved[nodes["cos"]] == 0 and moved[off] == 0 and moved[on] == 0, "the region's op stays"
+    assert moved[nodes["sin"]] == 1, "the op outside it moves to the piece that reads it"
+    order = [n.name for n in gm.graph.nodes if n in moved]
+    assert order.index("sin") == order.index("add") - 1, "just before its reader"
+    pieces_in_order = [moved[n] for n in gm.graph.nodes if n in moved]
+    assert pieces_in_order == sorted(pieces_in_order)
+    split = split_module(gm, None, lambda n: moved[n])  # asserts the order itself with grad regions
+    x, w1, w2 = (torch.randn(4, 4, requires_grad=True) for _ in range(3))
+    got = split(x, w1, w2)
+    torch.testing.assert_close(got, g(x, w1, w2))
+    assert len(list(split.children())) == 2
+
+
+def test_regroup_moves_within_one_autocast_region():
+    """Inside an autocast region that spans both pieces, ops move as without one: they run under
+    the same autocast state at their reader's place."""
     gm, nodes = traced()
     first = next(n for n in gm.graph.nodes if n.op == "call_function")
     with gm.graph.inserting_before(first):
         enter = gm.graph.call_function(torch.amp._enter_autocast, ("cpu", torch.bfloat16, True, None))
-    later = ("matmul_2", "add", "cos", "add_1", "add_2")
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        leave = gm.graph.call_function(torch.amp._exit_autocast, (enter,))
+    gm.recompile()
+    later = ("matmul_2", "add", "cos", "add_1", "add_2", leave.name)
     piece = {n: (1 if n.name in later else 0) for n in gm.graph.nodes if n.op not in ("placeholder", "output")}
-    assert regroup(gm, dict(piece), kept={"matmul", "matmul_1"}, recomputed={"sin", "mul", "cos"}) == piece
-    assert enter in piece
+    moved = regroup(gm, dict(piece), kept={"matmul", "matmul_1"}, recomputed={"sin", "mul", "cos"})
+    assert moved[nodes["mul"]] == 1 and moved[nodes["sin"]] == 0
+    assert sum(1 for n in moved if n not in piece) == 1, "one copy of sin"
+    pieces_in_order = [moved[n] for n in gm.graph.nodes if n in moved]
+    assert pieces_in_order == sorted(pieces_in_order)
+    split_module(gm, None, lambda n: moved[n])
