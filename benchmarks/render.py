@@ -212,7 +212,7 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale; write nothing")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table or plot is stale; write nothing")
     args = parser.parse_args(argv)
     stale = []
     for path in FILES:
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 fig.write()
     if args.check and stale:
-        print("stale tables in " + ", ".join(str(p.relative_to(ROOT)) for p in stale)
+        print("stale tables or plots in " + ", ".join(str(p.relative_to(ROOT)) for p in stale)
               + ": run python benchmarks/render.py", file=sys.stderr)
         return 1
     return 0

@@ -208,15 +208,15 @@ def section(folder: pathlib.Path = HERE) -> str:
     apath = anchors_path(run, folder)
     anchors = _load(apath) if apath.exists() else None
     items = entries(run, anchors)
-    libs = ", ".join(run.get("libraries", []))
-    lines = [f"{run['device']}, torch {run['torch']}, {str(run['dtype']).removeprefix('torch.')}, {libs}; "
+    dtype = str(run["dtype"]).removeprefix("torch.")
+    about = [run["device"], f"torch {run['torch']}", dtype, *run.get("libraries", [])]
+    lines = [f"{', '.join(about)}; "
              f"run of {run['date']}: `benchmarks/{path.name}`, "
              + (f"anchors: `benchmarks/{apath.name}`." if anchors else f"no anchors file ({apath.name})."), ""]
     lines += table(items) + ["", geomean_line(items, run), ""]
     lines.append(f"Run: `{_command(run['argv'])}` ({run['warmup']} warm-up, {run['iters']} timed steps).")
-    for k, a in enumerate((anchors or {}).get("runs", [])):
-        used = any(e.anchors and e.row.get("run", 0) == k for e in items)
-        if used:
+    for k, a in enumerate((anchors.get("runs") or [anchors]) if anchors else []):
+        if any(e.anchors and e.row.get("run", 0) == k for e in items):
             lines.append(f"Anchors run of {a['date']}: `{_command(a['argv'])}`.")
     missing = _missing(items)
     lines += [missing] if missing else []
