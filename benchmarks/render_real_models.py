@@ -13,15 +13,17 @@ if it finished with every graph planned (``measured``); an error, timeout, skip,
 budget, out-of-memory or a plan that fell back to autograd's saved tensors shows its status and
 reason instead, and is left out of the geomean and the plots.
 
-Plots. Each PNG carries, in its ``Comment`` text chunk, a digest of this file and of the points
-it draws (``digest``): ``render.py --check`` compares that digest, not the pixels, so a plot is
-stale exactly when its data or its drawing code changed, whatever the matplotlib version.
-Importing this module needs no matplotlib and no torch; only drawing does.
+Plots. Each PNG carries, in its ``Comment`` text chunk, a digest of the points it draws and of
+the code that chooses and draws them (``digest``): ``render.py --check`` compares that digest,
+not the pixels, so a plot is stale exactly when its data or its drawing code changed, whatever
+the matplotlib version, and ``render.py`` rewrites only stale plots. Importing this module needs
+no matplotlib and no torch; only drawing does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import pathlib
@@ -237,7 +239,8 @@ def points(items: list[Entry], model: str) -> dict:
 
 
 def digest(data: dict) -> str:
-    h = hashlib.sha256(pathlib.Path(__file__).read_bytes())
+    """What a plot is drawn from: the code that chooses and draws its points, and the points."""
+    h = hashlib.sha256((inspect.getsource(points) + inspect.getsource(draw)).encode())
     h.update(json.dumps(data, sort_keys=True).encode())
     return "remat-render " + h.hexdigest()[:32]
 
