@@ -1,12 +1,13 @@
 """Write the benchmark tables of README.md and benchmarks/README.md from the JSON files here.
 
-    python benchmarks/render.py           # rewrite every table between render markers
-    python benchmarks/render.py --check   # exit 1 if a table differs from what the JSON gives
+    python benchmarks/render.py           # rewrite every table between render markers, and the plots
+    python benchmarks/render.py --check   # exit 1 if a table or plot differs from what the JSON gives
 
 A table lives between ``<!-- render: NAME -->`` and ``<!-- /render -->`` in a Markdown file;
 NAME is one of ``TABLES``. Each number in those tables has one home: the JSON file named in
 the table's caption, written by the benchmark that measured it (``bench.py --out``,
-``peak_check.py --out``). Edit the JSON's producer, not the table.
+``peak_check.py --out``). Edit the JSON's producer, not the table. The real-model section and its
+frontier plots come from ``render_real_models.py``, which picks the newest real-models run itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pathlib
 import re
 import sys
 from collections.abc import Callable
+
+import render_real_models
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -192,6 +195,7 @@ def ddp_split() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
     "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
+    "real-models": render_real_models.section,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 
@@ -208,7 +212,7 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale; write nothing")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table or plot is stale; write nothing")
     args = parser.parse_args(argv)
     stale = []
     for path in FILES:
@@ -218,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(new)
+    for fig in render_real_models.figures():  # rewritten only when their data or drawing changed
+        if render_real_models.png_comment(fig.path) != fig.digest:
+            stale.append(fig.path)
+            if not args.check:
+                fig.write()
     if args.check and stale:
-        print("stale tables in " + ", ".join(str(p.relative_to(ROOT)) for p in stale)
+        print("stale tables or plots in " + ", ".join(str(p.relative_to(ROOT)) for p in stale)
               + ": run python benchmarks/render.py", file=sys.stderr)
         return 1
     return 0
