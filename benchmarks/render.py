@@ -30,6 +30,8 @@ PEAK_DEEP = "peak-check-h200-deep.json"
 EAGER_OVERHEAD = "eager-overhead-cpu.json"
 OLDER = "results-h200-run5.json"
 DDP_SPLIT = ("distributed-cpu-split-before.json", "distributed-cpu-split-after.json")
+DISTRIBUTED_H200 = ("distributed-h200-ws1.json", "distributed-h200-ws1-llama-ddp.json")  # a later file's rows win
+ATTENTION_DROPOUT = "attention-dropout-h200.json"
 MIB = 1 << 20
 
 
@@ -192,9 +194,58 @@ def ddp_split() -> str:
     return "\n".join(lines)
 
 
+def distributed_h200() -> str:
+    """DDP and FSDP2 at world size 1 on the H200: the rows of ``DISTRIBUTED_H200``, a row of a
+    later file replacing the same model, wrapper and strategy of an earlier one."""
+    rows: dict[tuple, tuple[dict, str]] = {}
+    for name in DISTRIBUTED_H200:
+        d = _load(name)
+        for r in d["rows"]:
+            rows[(r["model"], r["wrapper"], r["strategy"])] = (r, name)
+
+    def mib(r: dict, key: str) -> str:
+        return "-" if r.get(key) is None else f"{r[key] / MIB:.0f}"
+
+    lines = ["| model | wrapper | strategy | step ms | peak MiB | graphs | kept MiB | unsplit saved MiB "
+             "| split cost MiB (of saving) | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for (model, wrapper, strategy), (r, name) in rows.items():
+        head = f"| {model} | {wrapper} | {strategy} |"
+        if r.get("error"):
+            kind, _, message = r["error"].partition(": ")
+            lines.append(f"{head} **{kind}** | {message.split(' (')[0]} | | | | | `{name}` |")
+            continue
+        cost = "-" if r.get("split_cost_bytes") is None else (
+            f"{r['split_cost_bytes'] / MIB:.0f} ({r['split_cost_of_saving']:.1%})")
+        unsplit = "unsplit_saved_bytes" if wrapper == "ddp" else "unsplit_block_saved_bytes"
+        kept = "kept_bytes" if wrapper == "ddp" else "saved_bytes"
+        lines.append(f"{head} {r['step_ms']:.2f} | {mib(r, 'peak_bytes')} | {r.get('graphs') or '-'} | "
+                     f"{mib(r, kept) if r.get('graphs') else '-'} | {mib(r, unsplit) if r.get('graphs') else '-'} | "
+                     f"{cost} | `{name}` |")
+    metas = [_load(n)["meta"] for n in DISTRIBUTED_H200]
+    lines += ["", "(" + "; ".join(f"`{n}`: {m['device']}, torch {m['torch']}, transformers {m.get('transformers')}, "
+                                  f"{m['date'][:16].replace('T', ' ')} UTC" for n, m in zip(DISTRIBUTED_H200, metas))
+              + "; world size 1, bf16, batch 8 x 1024 (GPT-2) and 8 x 2048 (Llama) per rank)"]
+    return "\n".join(lines)
+
+
+def attention_dropout() -> str:
+    """``attention_dropout.py`` on the H200: eager, torch.compile and remat, with ratios to eager."""
+    d = _load(ATTENTION_DROPOUT)
+    eager = d["rows"]["eager"]
+    lines = ["| strategy | step ms | peak MiB | time x eager | memory x eager | attention ops remat runs |",
+             "|---|---|---|---|---|---|"]
+    for name, r in d["rows"].items():
+        ops = ", ".join(f"`{o.removeprefix('aten.')}`" for o in r.get("attention_ops", [])) or "-"
+        lines.append(f"| {name} | {r['step_ms']:.2f} | {r['peak_mib']} | {r['step_ms'] / eager['step_ms']:.3f} | "
+                     f"{r['peak_mib'] / eager['peak_mib']:.3f} | {ops} |")
+    lines += ["", f"({d['gpu']}, torch {d['torch']}; `benchmarks/{ATTENTION_DROPOUT}`)"]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
     "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
+    "distributed-h200": distributed_h200, "attention-dropout": attention_dropout,
     "real-models": render_real_models.section,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
