@@ -239,8 +239,9 @@ class NoAnchor(Exception):
     pass
 
 
-class StrategyTimeout(Exception):
-    pass
+class StrategyTimeout(BaseException):
+    """Not an ``Exception``: remat's planner falls back on any ``Exception`` (with a warning), and
+    Dynamo wraps a backend's; a time limit must end the row, not turn it into a fallback's."""
 
 
 def _alarm(signum, frame):
