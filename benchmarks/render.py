@@ -30,7 +30,8 @@ PEAK_DEEP = "peak-check-h200-deep.json"
 EAGER_OVERHEAD = "eager-overhead-cpu.json"
 OLDER = "results-h200-run5.json"
 DDP_SPLIT = ("distributed-cpu-split-before.json", "distributed-cpu-split-after.json")
-DISTRIBUTED_H200 = ("distributed-h200-ws1.json", "distributed-h200-ws1-llama-ddp.json")  # a later file's rows win
+DISTRIBUTED_H200 = ("distributed-h200-ws1.json", "distributed-h200-ws1-llama-ddp.json",
+                    "distributed-h200-ws1-llama-fsdp-ckpt.json")  # a later file's rows win
 ATTENTION_DROPOUT = "attention-dropout-h200.json"
 MIB = 1 << 20
 
