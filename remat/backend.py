@@ -4,7 +4,7 @@ simulator need to know about that lowering.
 Two backends implement it: ``"eager"`` (``remat.eager``: the partitioned graphs run uncompiled,
 op by op) and ``"inductor"`` (``remat.inductor``: Triton on GPU, C++ on CPU);
 ``remat.backends.backend_for`` picks one by name. Everything that
-knows how a backend lowers, fuses and allocates sits behind these three methods; the planner
+knows how a backend lowers, fuses and allocates sits behind these methods; the planner
 (``remat.planner``), graph analysis (``remat.graph``) and the simulator (``remat.peak``) only
 call them.
 """
@@ -17,9 +17,13 @@ from typing import Any
 
 import torch.fx as fx
 
-__all__ = ["Backend", "BACKENDS"]
+__all__ = ["Backend", "BACKENDS", "INDEX_SOURCE"]
 
 BACKENDS = ("inductor", "eager")
+
+INDEX_SOURCE = "index source"
+"""The reason of a value a backend keeps saved so that what is computed from it alone is computed
+once (Inductor: Note [Values computed from indices] in ``remat/inductor/lowering.py``)."""
 
 
 class Backend(ABC):
@@ -44,6 +48,12 @@ class Backend(ABC):
         (``remat.partition``), and the two halves are compiled or run as this backend does. A
         backend that plans its own memory calls ``on_peak`` with the step's peak read from the
         compiled forward and backward (``remat.allocations.StepPeak``); others never call it."""
+
+    def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
+        """Forward values of the joint graph (``nodes``) this backend runs faster saved than
+        recomputed, each with its reason, a cost rule (``planner.COST_RULES``: a budget may
+        override it). ``{}``: none."""
+        return {}
 
     def __repr__(self) -> str:
         return f"<remat backend {self.name!r}>"

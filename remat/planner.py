@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from .backend import Backend
+from .backend import INDEX_SOURCE, Backend
 from .backends import backend_for
 from .cse import cse
 from .errors import InfeasibleBudgetError, PlanningError
@@ -42,8 +42,10 @@ __all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_p
 log = logging.getLogger("remat")
 
 
-def _decisions(jg: JointGraph, options: Options) -> tuple[dict[int, str], dict[int, str], dict[int, str]]:
-    """(no_recompute, no_save, reasons) per value index."""
+def _decisions(jg: JointGraph, options: Options,
+               backend: Backend | None = None) -> tuple[dict[int, str], dict[int, str], dict[int, str]]:
+    """(no_recompute, no_save, reasons) per value index: the graph's inputs, the policy's rules,
+    then what ``backend`` runs faster saved (``Backend.keep_saved``)."""
     no_recompute: dict[int, str] = {}
     no_save: dict[int, str] = {}
     reasons: dict[int, str] = {}
@@ -62,6 +64,13 @@ def _decisions(jg: JointGraph, options: Options) -> tuple[dict[int, str], dict[i
             no_save.setdefault(i, reason)
         if reason:
             reasons[i] = reason
+    if backend is not None and jg.nodes:
+        index = {n: i for i, n in enumerate(jg.nodes)}
+        graph = [n for n in jg.nodes[0].graph.nodes if n.op != "output"]
+        for node, reason in backend.keep_saved(graph).items():
+            i = index.get(node)
+            if i is not None and i in jg.forward and i not in no_save and i not in no_recompute:
+                no_recompute[i] = reasons[i] = reason
     for rule in options.policy:
         if rule.name not in used:
             warnings.warn(f"remat: policy rule `{rule.name}` matched no op in this graph; "
@@ -69,7 +78,7 @@ def _decisions(jg: JointGraph, options: Options) -> tuple[dict[int, str], dict[i
     return no_recompute, no_save, reasons
 
 
-COST_RULES = frozenset({"matmul", "attention", "reduction", "normalization boundary"})
+COST_RULES = frozenset({"matmul", "attention", "reduction", "normalization boundary", INDEX_SOURCE})
 """Built-in rules that forbid recompute because it is slow, not because it is unsafe: under a
 budget they give way to the estimated recompute cost."""
 
@@ -198,10 +207,11 @@ def plan_joint_graph(
         peak_bytes=simulate(eager_graph.schedule, eager_graph.to_schedule_ids(eager_graph.eager_direct)).peak_bytes,
     )
     cse(gm)
-    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,
-                 backend or backend_for(options.backend), ends_at_break=ends_at_break)
+    backend = backend or backend_for(options.backend)
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model, backend,
+                 ends_at_break=ends_at_break)
     eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
-    no_recompute, no_save, reasons = _decisions(jg, options)
+    no_recompute, no_save, reasons = _decisions(jg, options, backend)
     problem = jg.problem(no_recompute, no_save)
     try:
         sol = solve(problem)

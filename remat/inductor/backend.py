@@ -15,7 +15,7 @@ from ..graph import device_of
 from . import fusion
 from .hooks import compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
-from .lowering import schedule_fields
+from .lowering import index_sources, schedule_fields
 from .versions import check_torch_version, drift
 
 __all__ = ["InductorBackend", "rules_for_graph"]
@@ -41,6 +41,9 @@ class InductorBackend(Backend):
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)
+
+    def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
+        return index_sources(nodes)
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                 on_peak: Callable[[Reading], None] | None = None) -> Any:

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from .. import cost
+from ..backend import INDEX_SOURCE
 from ..compat import OpOverload
 from ..graph import block_of, flags, tensor_inputs, view_root
 from ..ops import CAST_OPS, op_name, packet
@@ -213,3 +214,54 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     if separated and all(separated.values()):
         return tuple(None for _ in nodes)
     return tuple(blocks)
+
+
+def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
+    """Ops with no tensor input (``arange``, ``full``) to save rather than recompute, so that the
+    values computed from them are computed once: see Note [Values computed from indices].
+
+    Note [Values computed from indices]: Inductor stores a pointwise value once for all its
+    readers only if computing it reads some buffer (``TensorBox.realize_hint``, which
+    ``GraphLowering`` calls for the inputs of ops in ``needs_realized_inputs``: it realizes a
+    ``Pointwise`` whose ``inner_fn_opcount().nontrivial_read_count`` is not 0; 2.11, 2.13). A value
+    computed from indices and constants alone (a causal mask, ``where(arange <= arange, 0, -inf)``)
+    reads nothing, so every extern kernel that reads it (each layer's attention, forward and
+    backward) gets a copy of its own, a full write of the mask each time. torch.compile saves the
+    position ids (``embedding``'s backward reads them), so its mask reads that buffer and is
+    stored once. remat's plan recomputed the ``arange`` (no inputs, so no cost in bytes), and on
+    an H200 GPT-2's step wrote the mask 48 times: 0.4 ms of a 28 ms step. So when a read-free
+    value (pointwise ops and views down to ops without tensor inputs) is read by two or more
+    extern kernels, the smallest of its sources is saved (its non-scalar sources first: the
+    ``arange`` of a few KiB, not a 0-dim constant Inductor would otherwise fold): then computing
+    the value reads a buffer in the forward and in the backward, and it is stored once in each."""
+    kinds = {n: lowering_kind(n, _runs_extern(n)) for n in nodes}
+    sources: dict[fx.Node, set[fx.Node]] = {}  # read-free node -> its ops without tensor inputs
+    for n in nodes:
+        if n.op != "call_function" or kinds[n] not in ("pointwise", "view"):
+            continue
+        ins = tensor_inputs(n)
+        if not all(a in sources for a in ins):
+            continue
+        sources[n] = set().union(*(sources[a] for a in ins)) if ins else {n}
+    keep: dict[fx.Node, str] = {}
+    for n, srcs in sources.items():
+        if kinds[n] == "view" or len(_extern_readers(n, kinds)) < 2:
+            continue
+        tensors = [s for s in srcs if cost.numel(s.meta.get("val")) > 1] or list(srcs)
+        best = min(tensors, key=lambda s: (cost.nbytes(s.meta.get("val")), nodes.index(s)))
+        keep[best] = INDEX_SOURCE
+    return keep
+
+
+def _extern_readers(node: fx.Node, kinds: dict[fx.Node, str]) -> set[fx.Node]:
+    """The extern kernels that read ``node`` directly or through views of it."""
+    found: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        for u in todo.pop().users:
+            k = kinds.get(u)
+            if k == "extern":
+                found.add(u)
+            elif k == "view":
+                todo.append(u)
+    return found
