@@ -239,9 +239,9 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
     for n in nodes:
         if n.op != "call_function" or kinds[n] not in ("pointwise", "view"):
             continue
-        ins = tensor_inputs(n)
+        ins = [a for a in n.all_input_nodes if not _is_scalar(a)]  # a size is not a read
         if not all(a in sources for a in ins):
-            continue
+            continue  # reads a buffer (or a multi-output op's result, as ``getitem`` does)
         sources[n] = set().union(*(sources[a] for a in ins)) if ins else {n}
     keep: dict[fx.Node, str] = {}
     for n, srcs in sources.items():
@@ -251,6 +251,10 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
         best = min(tensors, key=lambda s: (cost.nbytes(s.meta.get("val")), nodes.index(s)))
         keep[best] = INDEX_SOURCE
     return keep
+
+
+def _is_scalar(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _extern_readers(node: fx.Node, kinds: dict[fx.Node, str]) -> set[fx.Node]:
