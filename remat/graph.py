@@ -408,10 +408,19 @@ def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_ou
 _STOPS = ("is_matmul", "is_attention", "is_random", "is_mutating", "is_collective", "is_data_dependent")
 
 
-def _reaches_reduction_pointwise(start: fx.Node, forward_nodes: set[fx.Node], flags: dict[fx.Node, dict]) -> bool:
+def _reaches_reduction_pointwise(start: fx.Node, forward_nodes: set[fx.Node], flags: dict[fx.Node, dict],
+                                 stat: set[fx.Node]) -> bool:
     """True if a path of forward ops that the cut may recompute for free (no matmul, attention,
-    random or data-dependent op) leads from ``start`` to another reduction: only then can
-    recompute chain from one normalisation into the next layer without saving anything."""
+    random or data-dependent op) leads from ``start`` to the reduction of a *next* normalisation
+    (``_applications``): only then can recompute chain from one normalisation into the next
+    layer without saving anything. Two kinds of reduction do not count. One whose statistic is
+    applied to nothing but ``start`` or values computed from it alone is part of ``start``'s own
+    normalisation (the sum of a softmax after the max subtracted, the variance of a layer norm
+    after the mean): the boundary is where that normalisation ends. One whose statistic is never
+    applied to a tensor ends the graph's work (a loss summed to a scalar). An LM loss's
+    log-softmax, held at ``x - max``, saved float32 probabilities in place of the logits they
+    are recomputed from."""
+    own = _computed_from(start, forward_nodes, stat)
     seen: set[fx.Node] = set()
     stack = [u for u in start.users if u in forward_nodes]
     while stack:
@@ -423,9 +432,48 @@ def _reaches_reduction_pointwise(start: fx.Node, forward_nodes: set[fx.Node], fl
         if any(f.get(k) for k in _STOPS):
             continue
         if f.get("reduction_ratio", 0) >= 4:
-            return True
+            applied = _applications(n, forward_nodes, stat)
+            if any(a not in own for u in applied for a in tensor_inputs(u) if a not in stat):
+                return True
+            continue
         stack.extend(u for u in n.users if u in forward_nodes)
     return False
+
+
+def _computed_from(start: fx.Node, forward_nodes: set[fx.Node], stat: set[fx.Node]) -> set[fx.Node]:
+    """``start`` and the forward values computed from it alone (besides statistics): each op's
+    only tensor input that is not a statistic is ``start`` or another such value."""
+    own = {start}
+    stack = [start]
+    while stack:
+        for u in stack.pop().users:
+            if u in own or u not in forward_nodes or u.op != "call_function" or u in stat:
+                continue
+            if all(a in own for a in tensor_inputs(u) if a not in stat):
+                own.add(u)
+                stack.append(u)
+    return own
+
+
+def _applications(reduction: fx.Node, forward_nodes: set[fx.Node], stat: set[fx.Node]) -> set[fx.Node]:
+    """The forward ops that apply ``reduction``'s statistic (or one computed from statistics
+    alone) to a value that is not a statistic, as a norm applies its mean and variance."""
+    found: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    stack = [reduction]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            if u not in forward_nodes or u.op != "call_function":
+                continue
+            if u in stat:
+                stack.append(u)
+            elif any(a not in stat for a in tensor_inputs(u)):
+                found.add(u)
+    return found
 
 
 
@@ -448,7 +496,7 @@ def _normalization_boundaries(values: list[fx.Node], stat: set[fx.Node], forward
         if not any(u in forward_nodes and u.op == "call_function"
                    and not any(a in stat for a in tensor_inputs(u)) for u in n.users):
             continue
-        if not _reaches_reduction_pointwise(n, forward_nodes, flags):
+        if not _reaches_reduction_pointwise(n, forward_nodes, flags, stat):
             continue
         while True:
             users = [u for u in n.users if u in forward_nodes]

@@ -164,6 +164,12 @@ def recompute(
 # feeds the next normalisation directly. (Where a matmul or attention lies on every such path,
 # as in a transformer block, the matmul's saved output already bounds the chain and no boundary
 # is needed.) If the op's only user is a cast to a narrower dtype, the cast is the boundary.
+# The next reduction must belong to a *next* normalisation: one whose statistic is applied to a
+# value that is not computed from the op alone (a softmax's sum, after its max is subtracted, is
+# the same normalisation; a layer's norm, after the residual add, is the next), and whose
+# statistic is applied to a tensor at all (a loss summed to a scalar ends the work). Without that
+# an LM loss's log-softmax saved its float32 probabilities, twice the logits' bytes, where
+# torch.compile saves the logits and two row statistics.
 
 
 def _builtin(name: str, decision: Decision, predicate: Predicate, description: str) -> Rule:
