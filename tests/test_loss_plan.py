@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 import remat
-
-transformers = pytest.importorskip("transformers")
 
 
 def gpt2(vocab: int = 5000) -> tuple[torch.nn.Module, torch.Tensor]:
