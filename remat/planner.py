@@ -33,7 +33,7 @@ from .plan import Plan, PlanNode, Role, SavedTensor, Status
 from .policy import Decision, decide
 from .reach import reachable
 from .segments import checkpoint_sets, nested_sets, separators
-from .solver import ConflictError, describe, solve, solve_weighted
+from .solver import ConflictError, WeightedCuts, describe, solve, solve_weighted
 from .units import format_bytes
 
 __all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "non_dominated",
@@ -248,11 +248,12 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     act = _activations(jg)
     seen = {tuple(c.saved) for c in known}
     found = []
+    flow_cache: dict = {}  # the sets' networks differ in capacities only (remat.solver.WeightedCuts)
     for cps in _checkpoint_sets(jg, act):
         nr = {**relaxed_nr, **{c: CHECKPOINT for c in cps if c not in relaxed_nr}}
         prob = jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds)
         try:
-            s = solve_weighted(prob, bytes_first_weight(prob))
+            s = solve_weighted(prob, bytes_first_weight(prob), WeightedCuts(prob, flow_cache))
         except ConflictError:
             continue
         if s.saved not in seen:
@@ -357,6 +358,17 @@ def _recompute_times(jg: JointGraph, recomputed: list[int]) -> dict[str, int]:
     return dict(sorted(times.items(), key=lambda kv: order[kv[0]]))
 
 
+def _plan_node(jg: JointGraph, sid: int, i: int | None, status: Status, reason: str) -> PlanNode:
+    """Schedule node ``sid`` (value ``i``, None for a backward-only node) as a plan shows it."""
+    sched = jg.schedule
+    ins = tuple(sched.names[u] for u in sched.inputs[sid])
+    if i is None:
+        op = str(status) if status is Status.TANGENT else jg.node_ops.get(sid, "")
+        return PlanNode(sched.names[sid], op, status=status, reason=reason, inputs=ins)
+    f = jg.facts[i]
+    return PlanNode.of(f, op=f.op or f.role, nbytes=jg.cost[i], status=status, reason=reason, inputs=ins)
+
+
 def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
                no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline) -> Plan:
     """The Plan for one joint graph saving ``saved_ids``; ``computed_ids`` are the values the
@@ -383,18 +395,19 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
     sched = jg.schedule
     by_sched = {sid: i for i, sid in enumerate(jg.sched_ids)}
     nodes = []
+    made = jg.plan_nodes  # one PlanNode per (node, status, reason) for all the graph's plans
     for sid in range(sched.n):
-        name = sched.names[sid]
         i = by_sched.get(sid)
-        ins = tuple(sched.names[u] for u in sched.inputs[sid])
         if i is None:
             st = Status.TANGENT if sid in sched.tangent else Status.BACKWARD
-            op = str(st) if st is Status.TANGENT else jg.node_ops.get(sid, "")
-            nodes.append(PlanNode(name, op, status=st, reason="", inputs=ins))
-            continue
-        f = jg.facts[i]
-        nodes.append(PlanNode.of(f, op=f.op or f.role, nbytes=jg.cost[i], status=status[i],
-                                 reason=reasons.get(i, ""), inputs=ins))
+            key = (sid, st, "")
+        else:
+            st = status[i]
+            key = (sid, st, reasons.get(i, ""))
+        node = made.get(key)
+        if node is None:
+            node = made[key] = _plan_node(jg, sid, i, st, key[2])
+        nodes.append(node)
     flops = sum(jg.recompute_flops[i] for i in recomputed) if jg.recompute_flops else 0
     secs = sum(jg.recompute_seconds[i] for i in recomputed) if jg.recompute_seconds else 0.0
     return Plan(
