@@ -12,7 +12,7 @@ from collections.abc import Hashable
 from operator import itemgetter
 from typing import Any
 
-__all__ = ["source_side", "Residual"]
+__all__ = ["source_side", "Recut", "Residual"]
 
 # Note [Max-flow without networkx]
 # The planner cuts one flow network per hull weight, per checkpoint set and per nested plan:
@@ -31,13 +31,17 @@ __all__ = ["source_side", "Residual"]
 # networks, with networkx as the oracle.
 
 
-def _edges(g: dict[Hashable, dict[Hashable, dict]]) -> tuple[list[tuple[Hashable, Hashable, dict]], Any]:
+def _edges(g: dict[Hashable, dict[Hashable, dict]]) -> list[tuple[Hashable, Hashable, dict]]:
     """The edges networkx's ``build_residual_network`` keeps (no loops, no zero capacities), in
-    ``G.edges`` order, and its finite stand-in for infinity."""
+    ``G.edges`` order."""
     inf = float("inf")
-    edge_list = [(u, v, a) for u, nbrs in g.items() for v, a in nbrs.items() if u != v and a.get("capacity", inf) > 0]
-    big = 3 * sum(a["capacity"] for _, _, a in edge_list if "capacity" in a and a["capacity"] != inf) or 1
-    return edge_list, big
+    return [(u, v, a) for u, nbrs in g.items() for v, a in nbrs.items() if u != v and a.get("capacity", inf) > 0]
+
+
+def _big(edge_list: list[tuple[Hashable, Hashable, dict]]) -> Any:
+    """networkx's finite stand-in for an infinite capacity: three times the finite ones' sum."""
+    inf = float("inf")
+    return 3 * sum(a["capacity"] for _, _, a in edge_list if "capacity" in a and a["capacity"] != inf) or 1
 
 
 class Residual:
@@ -112,11 +116,12 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
                         dist[v] = dist[u] + 1
                         timestamp[v] = timestamp[u]
                         active.append(v)
+                        queued[v] = queued.get(v, 0) + 1
                     elif timestamp[v] <= timestamp[u] and dist[v] > dist[u] + 1:  # nx: _is_closer
                         this_tree[v] = u
                         dist[v] = dist[u] + 1
                         timestamp[v] = timestamp[u]
-            active.popleft()
+            queued[active.popleft()] -= 1
         return None, None
 
     def augment(u: int, v: int):
@@ -174,13 +179,15 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
             else:
                 nbrs = [(n, e, dist[n]) for n, e in neighbors[u] if n in tree]
                 for v, e, _ in sorted(nbrs, key=itemgetter(2)):
-                    if cap[e] - flow[e] > 0 and v not in active:
+                    if cap[e] - flow[e] > 0 and not queued.get(v):  # nx: v not in active
                         active.append(v)
+                        queued[v] = queued.get(v, 0) + 1
                     if tree[v] == u:
                         tree[v] = None
                         orphans.appendleft(v)
-                if u in active:
+                if queued.get(u):
                     active.remove(u)
+                    queued[u] -= 1
                 del tree[u]
 
     def _has_valid_root(n: int, tree: dict) -> bool:
@@ -206,6 +213,7 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
     source_tree: dict = {s: None}
     target_tree: dict = {t: None}
     active = deque([s, t])
+    queued = {s: 1, t: 1}  # how many times each vertex is in active: a membership test in O(1)
     orphans: deque = deque()
     flow_value = 0
     time = 1
@@ -223,24 +231,11 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
     return flow
 
 
-def source_side(g: dict[Hashable, dict[Hashable, dict]], s: Hashable, t: Hashable,
-                cache: dict[str, Residual] | None = None) -> set:
-    """The source side of ``g``'s minimum ``s``-``t`` cut, as ``nx.minimum_cut`` with
-    Boykov-Kolmogorov gives it: every vertex that cannot reach ``t`` through an unsaturated
-    residual edge. ``g``: ``{u: {v: attrs}}``, every vertex a key, ``attrs["capacity"]``
-    absent for an infinite edge. ``t`` must not be reachable from ``s`` through infinite edges.
-    ``cache``: a dict kept between cuts of networks that differ only in capacities, to build
-    the residual network's structure once."""
-    names = list(g)
-    edge_list, big = _edges(g)
-    res = cache.get("residual") if cache is not None else None
-    if res is None or not res.fits(names, edge_list):
-        res = Residual(names, edge_list)
-        if cache is not None:
-            cache["residual"] = res
+def _source_side(res: Residual, edge_list: list[tuple[Hashable, Hashable, dict]], s: Hashable, t: Hashable) -> set:
+    big = _big(edge_list)
     cap = res.capacities(edge_list, big)
     flow = _boykov_kolmogorov(res.succ, res.pred, res.out, cap, res.rev, res.index[s], res.index[t], big)
-    sink_side = {res.index[t]}
+    sink_side = {res.index[t]}  # nx.minimum_cut: what reaches t through unsaturated edges
     stack = [res.index[t]]
     pred = res.pred
     while stack:
@@ -249,4 +244,43 @@ def source_side(g: dict[Hashable, dict[Hashable, dict]], s: Hashable, t: Hashabl
             if flow[e] != cap[e] and u not in sink_side:
                 sink_side.add(u)
                 stack.append(u)
-    return {x for k, x in enumerate(names) if k not in sink_side}
+    return {x for k, x in enumerate(res.names) if k not in sink_side}
+
+
+def source_side(g: dict[Hashable, dict[Hashable, dict]], s: Hashable, t: Hashable,
+                cache: dict[str, Residual] | None = None) -> set:
+    """The source side of ``g``'s minimum ``s``-``t`` cut, as ``nx.minimum_cut`` with
+    Boykov-Kolmogorov gives it: every vertex that cannot reach ``t`` through an unsaturated
+    residual edge. ``g``: ``{u: {v: attrs}}``, every vertex a key, ``attrs["capacity"]``
+    absent for an infinite edge. ``t`` must not be reachable from ``s`` through infinite edges.
+    ``cache``: a dict kept between cuts of networks that may differ only in capacities, to
+    build the residual network's structure once."""
+    return _source_side(*_residual(g, cache), s, t)
+
+
+def _residual(g: dict[Hashable, dict[Hashable, dict]],
+              cache: dict[str, Residual] | None) -> tuple[Residual, list[tuple[Hashable, Hashable, dict]]]:
+    """``g``'s residual network (``cache``'s if it fits) and edges."""
+    names = list(g)
+    edge_list = _edges(g)
+    res = cache.get("residual") if cache is not None else None
+    if res is None or not res.fits(names, edge_list):
+        res = Residual(names, edge_list)
+        if cache is not None:
+            cache["residual"] = res
+    return res, edge_list
+
+
+class Recut:
+    """Minimum cuts of one network ``g`` (as ``source_side``'s) whose finite capacities the
+    caller rewrites in place between cuts, never to or from 0 (to networkx an edge of capacity
+    0 is no edge): its edges are listed and its residual network built once (or taken from
+    ``cache``, as ``source_side``)."""
+
+    def __init__(self, g: dict[Hashable, dict[Hashable, dict]], s: Hashable, t: Hashable,
+                 cache: dict[str, Residual] | None = None):
+        self.s, self.t = s, t
+        self.residual, self.edge_list = _residual(g, cache)
+
+    def source_side(self) -> set:
+        return _source_side(self.residual, self.edge_list, self.s, self.t)

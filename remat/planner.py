@@ -264,7 +264,7 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     for peak, t, cps, nr, s in found:
         if _beaten(peak, t, rivals):
             continue
-        p = build_plan(jg, s.saved, s.recomputed, nr, {**reasons, **nr}, eager)
+        p = build_plan(jg, s.saved, s.recomputed, nr, {**reasons, **nr}, eager, peak)
         p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in cps))
         out.append(Candidate(s.saved, s.recomputed, p, "segments"))
     return out
@@ -321,7 +321,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     for peak, t, s, nr2, reasons2, outer, inner, jg2 in found:
         if _beaten(peak, t, rivals):
             continue
-        p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager)
+        p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager, peak)
         p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in outer),
                                 nested=tuple(jg.facts[c].name for c in inner))
         out.append(Candidate(s.saved, s.recomputed, p, "nested", jg2))
@@ -370,9 +370,11 @@ def _plan_node(jg: JointGraph, sid: int, i: int | None, status: Status, reason: 
 
 
 def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
-               no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline) -> Plan:
+               no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline,
+               peak_bytes: int | None = None) -> Plan:
     """The Plan for one joint graph saving ``saved_ids``; ``computed_ids`` are the values the
-    backward computes from them (recomputed forward ops and backward-only ops)."""
+    backward computes from them (recomputed forward ops and backward-only ops). ``peak_bytes``:
+    its simulated peak where the caller has it (``peak.simulate``), else simulated here."""
     saved_set, computed = set(saved_ids), set(computed_ids)
     saved = []
     for i in sorted(saved_set):
@@ -417,7 +419,8 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         recompute_times=tuple(times.values()) if any(t > 1 for t in times.values()) else (),
         eager_saved_bytes=eager.saved_bytes,
         nodes=tuple(nodes),
-        predicted_peak_bytes=(peak := simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes),
+        predicted_peak_bytes=(peak := simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes
+                              if peak_bytes is None else peak_bytes),
         simulated_peak_bytes=peak,
         peak_model=getattr(sched.model or OP_BY_OP, "name", ""),
         eager_peak_bytes=eager.peak_bytes,

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .maxflow import source_side
+from .maxflow import Recut, source_side
 
 __all__ = ["Problem", "Solution", "ConflictError", "WeightedCuts", "solve", "solve_weighted", "brute_force", "time_of",
            "describe"]
@@ -192,8 +192,9 @@ def time_of(p: Problem, recomputed: tuple[int, ...] | list[int]) -> float:
 class WeightedCuts:
     """``solve_weighted(p, w)`` for many weights ``w`` of one problem (``remat.frontier.hull``).
     What does not depend on ``w`` is done once: the checks, the search for an infinite path,
-    and the residual network's structure (``remat.maxflow.Residual``, reused for any network
-    with the same vertices and edges). Each cut is the one ``solve_weighted`` finds."""
+    the flow network (only the capacities of the ``source -> v_in`` edges that charge recompute
+    time change; they are rewritten in place) and its residual network (``remat.maxflow``).
+    Each cut is the one ``solve_weighted`` finds."""
 
     def __init__(self, p: Problem, flow_cache: dict | None = None):
         self.p = p
@@ -204,9 +205,28 @@ class WeightedCuts:
         self.flow_cache: dict = {} if flow_cache is None else flow_cache
         """``remat.maxflow.source_side``'s cache; problems that differ only in which values may
         be recomputed (``planner``'s checkpoint sets) may share one."""
+        self._charged: list[tuple[int, dict]] = []
+        """(v, the attributes of ``source -> v_in``) for each value whose recompute is charged."""
+        self._recut: Recut | None = None
 
     def __call__(self, weight: float) -> Solution:
         return solve_weighted(self.p, weight, self)
+
+    def source_side(self, weight: float, free: set[int]) -> set:
+        """``_build(p, weight, free)``'s minimum cut, the network built once and re-weighted
+        while every charge stays positive (a zero-capacity edge is no edge to the max-flow)."""
+        rc = self.p.recompute_cost
+        if self._recut is not None and all(weight * rc[v] > 0 for v, _ in self._charged):
+            for v, attrs in self._charged:
+                attrs["capacity"] = weight * rc[v]  # as _build writes it
+            return self._recut.source_side()
+        g = _build(self.p, weight, free)
+        charged = [(v, g[SOURCE][2 * v]) for v in range(self.p.n) if v not in free and v not in self.p.no_recompute
+                   and rc and rc[v] > 0]
+        if all(a["capacity"] > 0 for _, a in charged):
+            self._charged, self._recut = charged, Recut(g, SOURCE, SINK, self.flow_cache)
+            return self._recut.source_side()
+        return source_side(g, SOURCE, SINK, self.flow_cache)
 
 
 def _checked_free(p: Problem, cuts: WeightedCuts | None) -> set[int]:
@@ -224,8 +244,9 @@ def _checked_free(p: Problem, cuts: WeightedCuts | None) -> set[int]:
 
 def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None) -> Solution:
     free = _checked_free(p, cuts)
-    g = _build(p, weight, free)
+    g = None
     if cuts is None or not cuts.no_conflict:  # the same for every weight: infinite edges only
+        g = _build(p, weight, free)
         chain = _find_conflict(p, g)
         if chain is not None:
             raise ConflictError(chain)
@@ -233,7 +254,10 @@ def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None) -> 
             cuts.no_conflict = True
     if not p.needed:
         return Solution((), (), 0, 0.0, weight)
-    reachable = source_side(g, SOURCE, SINK, cuts.flow_cache if cuts is not None else None)
+    if cuts is not None and weight is not None:
+        reachable = cuts.source_side(weight, free)
+    else:
+        reachable = source_side(g if g is not None else _build(p, weight, free), SOURCE, SINK)
     cut = {v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable}
     recomputed = recompute_closure(p, cut | free)
     if recomputed is None:  # pragma: no cover - guarded by the construction
