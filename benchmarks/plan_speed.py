@@ -1,27 +1,50 @@
-"""Planning speed on a deep transformer's joint graph (CPU, no compilation).
+"""Planning speed (CPU, no compilation): how long ``remat.planner.plan_joint_graph`` takes.
 
     python benchmarks/plan_speed.py --blocks 24
+    python benchmarks/plan_speed.py --models gpt2,llama,vit,resnet50 [--budgets default,0.75,0.5,0.3]
+        [--profile gpt2:0.5] [--fingerprints before.json] [--check before.json]
 
-Times, for the joint graph of a ``blocks``-deep GPT (the gpt workload's block), the whole
+``--blocks``: for the joint graph of a ``blocks``-deep GPT (the gpt workload's block), the whole
 default planning step (analysis, CSE, policy, min-cut, plan) and the full frontier (the same
-plus every hull vertex and its predicted peak), median of ``--repeats`` runs. Prints a table
-and writes JSON to ``--out`` if given.
+plus every hull vertex and its predicted peak), median of ``--repeats`` runs.
+
+``--models``: the joint graphs of the real-model families at their benchmark sizes
+(``benchmarks/real_models.py``; graph size does not depend on the batch, so the batch is small,
+but large enough that the budgets are feasible): HF GPT-2 124M and HF Llama (hidden 1024, 12
+layers, SDPA) from ``transformers``, and ViT-B/16 and ResNet-50 built here layer for layer (timm
+and torchvision have no wheels for the CPU torch). Each is captured once through
+``remat.explain`` (the same partition path a compile takes; the joint graph is grabbed where the
+planner receives it), then planned again for each budget with the Inductor peak model.
+``--fingerprints`` writes each plan's fingerprint (the
+chosen plan, its saved values and the frontier); ``--check`` compares with such a file and
+exits 1 on any difference. ``--profile model:budget`` prints cProfile's top functions.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
+import dataclasses
+import hashlib
 import json
+import os
+import pstats
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import workloads
 
-from remat import planner
+import remat
+from remat import partition, planner
 from remat.options import Options
+
+MODELS = ("gpt2", "llama", "vit", "resnet50")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def capture_joint(blocks: int):
@@ -54,14 +77,247 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(out)
 
 
+# ---------------------------------------------------------------------------------------------
+# Real-model families
+
+
+class _Bottleneck(nn.Module):
+    """torchvision's ResNet-50 bottleneck (v1.5: the stride on the 3x3 conv)."""
+
+    def __init__(self, cin: int, mid: int, stride: int):
+        super().__init__()
+        cout = mid * 4
+        self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv2, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                           if stride != 1 or cin != cout else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idt = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)))
+        return self.relu(self.bn3(self.conv3(y)) + idt)
+
+
+class ResNet50(nn.Module):
+    """torchvision's ``resnet50`` layer for layer (stages of 3, 4, 6, 3 bottlenecks)."""
+
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
+        self.relu, self.maxpool = nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+        stages, cin = [], 64
+        for mid, n, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            blocks = []
+            for k in range(n):
+                blocks.append(_Bottleneck(cin, mid, stride if k == 0 else 1))
+                cin = mid * 4
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(2048, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class _ViTBlock(nn.Module):
+    """timm's ViT block: pre-LN attention (one qkv linear, fused SDPA) and a GELU MLP."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ViTB16(nn.Module):
+    """timm's ``vit_base_patch16_224`` layer for layer (768 wide, 12 blocks of 12 heads)."""
+
+    def __init__(self, d: int = 768, depth: int = 12, heads: int = 12, classes: int = 1000):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, d, 16, stride=16)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_embed = nn.Parameter(torch.randn(1, 197, d) * 0.02)
+        self.blocks = nn.Sequential(*[_ViTBlock(d, heads) for _ in range(depth)])
+        self.norm, self.head = nn.LayerNorm(d, eps=1e-6), nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+class _Step(nn.Module):
+    """The step's loss as one module (so that remat captures the loss too)."""
+
+    def __init__(self, net: nn.Module, hf: bool):
+        super().__init__()
+        self.net, self.hf = net, hf
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.hf:  # the LM loss written out: the models' own loss breaks the graph under Dynamo
+            logits = self.net(input_ids=x, use_cache=False).logits
+            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+        return F.cross_entropy(self.net(x), y)
+
+
+def build_model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """``name`` (``MODELS``) at its benchmark size, seeded, with a small batch."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    if name in ("gpt2", "llama"):
+        import transformers
+
+        if name == "gpt2":
+            cfg = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024,
+                                          attn_implementation="sdpa")
+            net = transformers.GPT2LMHeadModel(cfg)
+        else:
+            cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                                           num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                                           attn_implementation="sdpa")
+            net = transformers.LlamaForCausalLM(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (4, 1024) if name == "gpt2" else (2, 1024), generator=gen)
+        return _Step(net.train(), hf=True), (ids, ids)
+    net = ViTB16() if name == "vit" else ResNet50()
+    x = torch.randn(32, 3, 224, 224, generator=gen)
+    y = torch.randint(0, 1000, (x.shape[0],), generator=gen)
+    return _Step(net.train(), hf=False), (x, y)
+
+
+@dataclasses.dataclass
+class Captured:
+    name: str
+    gm: torch.fx.GraphModule
+    args: tuple
+    kwargs: dict
+    explain_plan_s: float
+    """The planner's own seconds inside ``remat.explain`` (default options), all graphs."""
+    graphs: int
+    """How many graphs explain planned (the largest is kept)."""
+
+
+def capture_model(name: str) -> Captured:
+    """``name``'s largest joint graph, grabbed where ``remat.explain``'s partition hands it to
+    the planner."""
+    model, inputs = build_model(name)
+    grabbed: dict = {"s": 0.0, "n": 0}
+    real = partition.plan_joint_graph
+
+    def grab(gm, *args, **kwargs):
+        grabbed["n"] += 1
+        if "gm" not in grabbed or len(gm.graph.nodes) > len(grabbed["gm"].graph.nodes):
+            grabbed.update(gm=copy.deepcopy(gm), args=args, kwargs=kwargs)
+        t = time.perf_counter()
+        try:
+            return real(gm, *args, **kwargs)
+        finally:
+            grabbed["s"] += time.perf_counter() - t
+
+    partition.plan_joint_graph = grab
+    try:
+        remat.explain(remat.checkpoint(model), *inputs)
+    finally:
+        partition.plan_joint_graph = real
+    return Captured(name, grabbed["gm"], grabbed["args"], grabbed["kwargs"], grabbed["s"], grabbed["n"])
+
+
+def plan_with(c: Captured, budget: str) -> planner.Planned:
+    """Plan ``c``'s joint graph (a copy) with ``budget`` (``default``: none), as the partition would."""
+    nfo, static, options, want_frontier, backend = c.args
+    options = dataclasses.replace(options, budget=None if budget == "default" else float(budget))
+    return planner.plan_joint_graph(copy.deepcopy(c.gm), nfo, static, options, want_frontier, backend, **c.kwargs)
+
+
+def fingerprint(planned: planner.Planned) -> dict:
+    """What must not change when planning gets faster: the chosen plan (every field), its saved
+    values, and the frontier's plans."""
+
+    def digest(x) -> str:  # source lines name files under this checkout: not part of the plan
+        return hashlib.sha256(repr(x).replace(ROOT, "<root>").encode()).hexdigest()[:16]
+
+    return {"saved": sorted(s.name for s in planned.plan.saved), "plan": digest(dataclasses.astuple(planned.plan)),
+            "frontier": [digest(dataclasses.astuple(p)) for p in planned.frontier or ()]}
+
+
+def run_models(args) -> None:
+    budgets = args.budgets.split(",")
+    profile = dict(p.split(":") for p in args.profile.split(",")) if args.profile else {}
+    rows, prints = [], {}
+    copy_s = {}
+    for name in args.models.split(","):
+        t = time.perf_counter()
+        c = capture_model(name)
+        capture_s = time.perf_counter() - t
+        copy_s[name] = timed(lambda: copy.deepcopy(c.gm), args.repeats)
+        print(f"{name}: {len(c.gm.graph.nodes)} joint nodes ({c.graphs} graph(s)); captured in {capture_s:.1f} s "
+              f"(planning inside explain {c.explain_plan_s:.2f} s)", flush=True)
+        for b in budgets:
+            res = {}
+
+            def once(b=b, res=res):
+                try:
+                    res["p"] = plan_with(c, b)
+                except remat.InfeasibleBudgetError as e:  # the planning ran; nothing fits
+                    res["p"] = e
+
+            secs = timed(once, args.repeats) - copy_s[name]
+            p = res["p"]
+            ok = isinstance(p, planner.Planned)
+            prints[f"{name}:{b}"] = fingerprint(p) if ok else {"infeasible": str(p)}
+            rows.append({"model": name, "budget": b, "joint_nodes": len(c.gm.graph.nodes), "plan_s": secs,
+                         "frontier_points": len(p.frontier or ()) if ok else None})
+            what = f"{len(p.plan.saved)} saved, {len(p.frontier or ())} frontier plans" if ok else "infeasible"
+            print(f"  budget {b:>7}: {secs:7.2f} s  ({what})", flush=True)
+            if profile.get(name) == b:
+                prof = cProfile.Profile()
+                prof.enable()
+                once()
+                prof.disable()
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=2)
+    if args.fingerprints:
+        with open(args.fingerprints, "w") as f:
+            json.dump(prints, f, indent=2, sort_keys=True)
+    if args.check:
+        with open(args.check) as f:
+            want = json.load(f)
+        bad = [k for k in prints if k in want and want[k] != prints[k]]
+        print(f"plans compared with {args.check}: {len(prints)} checked, {len(bad)} differ {bad}")
+        if bad:
+            sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=24)
+    parser.add_argument("--models", default=None, help=f"comma-separated, of {MODELS}")
+    parser.add_argument("--budgets", default="default,0.75,0.5,0.3")
+    parser.add_argument("--profile", default=None, help="model:budget[,model:budget]: cProfile that run")
+    parser.add_argument("--fingerprints", default=None, help="write each plan's fingerprint here (JSON)")
+    parser.add_argument("--check", default=None, help="compare fingerprints with this file; exit 1 if any differ")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="eager", choices=["eager", "inductor"],
                         help="whose peak model scores the plans (inductor: remat.fusion's kernels)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.models:
+        run_models(args)
+        return
     gm, nfo, static = capture_joint(args.blocks)
     nodes = len(gm.graph.nodes)
     opts = Options(backend=args.backend)

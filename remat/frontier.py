@@ -15,7 +15,7 @@ improved greedily by saving more values while they fit (the hull alone can leave
 
 from __future__ import annotations
 
-from .solver import Problem, Solution, recompute_closure, solve_weighted, time_of
+from .solver import Problem, Solution, WeightedCuts, recompute_closure, time_of
 
 __all__ = ["hull", "best_within_bytes", "bytes_first_weight"]
 
@@ -46,10 +46,11 @@ def hull(p: Problem, max_vertices: int = 256) -> list[Solution]:
     """Vertices of the lower convex hull of (saved bytes, recompute seconds), from the plan that
     recomputes least (most bytes) to the plan that saves least."""
     w_hi, w_lo = _extremes(p)
-    first = solve_weighted(p, w_hi)
+    cuts = WeightedCuts(p)  # one residual network for every weight
+    first = cuts(w_hi)
     if w_hi == 0.0:
         return [first]
-    last = solve_weighted(p, w_lo)
+    last = cuts(w_lo)
     found: dict[tuple[int, ...], Solution] = {first.saved: first, last.saved: last}
 
     def between(a: Solution, b: Solution, depth: int) -> None:
@@ -58,7 +59,7 @@ def hull(p: Problem, max_vertices: int = 256) -> list[Solution]:
         if b.time <= a.time or a.cost <= b.cost:
             return
         w = (a.cost - b.cost) / (b.time - a.time)
-        c = solve_weighted(p, w)
+        c = cuts(w)
         ref = _objective(a, w)
         if _objective(c, w) < ref - _REL * max(abs(ref), 1.0) and c.saved not in found:
             found[c.saved] = c

@@ -37,7 +37,7 @@ from .ops import (
     packet,
 )
 from .peak import Schedule
-from .plan import NodeFacts, Role
+from .plan import NodeFacts, PlanNode, Role
 from .policy import OpInfo
 from .reach import reachable
 from .solver import Problem
@@ -111,6 +111,9 @@ class JointGraph:
     recompute_flops: list[int] = field(default_factory=list)
     recompute_seconds: list[float] = field(default_factory=list)
     """Estimated time to recompute each value in a fused backward kernel (0 if not forward)."""
+    plan_nodes: dict[tuple[int, str, str], PlanNode] = field(default_factory=dict, repr=False, compare=False)
+    """``planner.build_plan``'s node of each (schedule id, status, reason), made once and shared
+    by the plans of this graph (the candidates of a budget are dozens of plans of one graph)."""
 
     def readers(self) -> list[list[int]]:
         """For each value, the values that read it (in graph order)."""

@@ -33,7 +33,7 @@ from .plan import Plan, PlanNode, Role, SavedTensor, Status
 from .policy import Decision, decide
 from .reach import reachable
 from .segments import checkpoint_sets, nested_sets, separators
-from .solver import ConflictError, describe, solve, solve_weighted
+from .solver import ConflictError, WeightedCuts, describe, solve, solve_weighted
 from .units import format_bytes
 
 __all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "non_dominated",
@@ -258,11 +258,12 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     act = _activations(jg)
     seen = {tuple(c.saved) for c in known}
     found = []
+    flow_cache: dict = {}  # the sets' networks differ in capacities only (remat.solver.WeightedCuts)
     for cps in _checkpoint_sets(jg, act):
         nr = {**relaxed_nr, **{c: CHECKPOINT for c in cps if c not in relaxed_nr}}
         prob = jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds)
         try:
-            s = solve_weighted(prob, bytes_first_weight(prob))
+            s = solve_weighted(prob, bytes_first_weight(prob), WeightedCuts(prob, flow_cache))
         except ConflictError:
             continue
         if s.saved not in seen:
@@ -273,7 +274,7 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     for peak, t, cps, nr, s in found:
         if _beaten(peak, t, rivals):
             continue
-        p = build_plan(jg, s.saved, s.recomputed, nr, {**reasons, **nr}, eager)
+        p = build_plan(jg, s.saved, s.recomputed, nr, {**reasons, **nr}, eager, peak)
         p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in cps))
         out.append(Candidate(s.saved, s.recomputed, p, "segments"))
     return out
@@ -330,7 +331,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     for peak, t, s, nr2, reasons2, outer, inner, jg2 in found:
         if _beaten(peak, t, rivals):
             continue
-        p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager)
+        p = build_plan(jg2, s.saved, s.recomputed, nr2, reasons2, eager, peak)
         p = dataclasses.replace(p, checkpoints=tuple(jg.facts[c].name for c in outer),
                                 nested=tuple(jg.facts[c].name for c in inner))
         out.append(Candidate(s.saved, s.recomputed, p, "nested", jg2))
@@ -367,10 +368,23 @@ def _recompute_times(jg: JointGraph, recomputed: list[int]) -> dict[str, int]:
     return dict(sorted(times.items(), key=lambda kv: order[kv[0]]))
 
 
+def _plan_node(jg: JointGraph, sid: int, i: int | None, status: Status, reason: str) -> PlanNode:
+    """Schedule node ``sid`` (value ``i``, None for a backward-only node) as a plan shows it."""
+    sched = jg.schedule
+    ins = tuple(sched.names[u] for u in sched.inputs[sid])
+    if i is None:
+        op = str(status) if status is Status.TANGENT else jg.node_ops.get(sid, "")
+        return PlanNode(sched.names[sid], op, status=status, reason=reason, inputs=ins)
+    f = jg.facts[i]
+    return PlanNode.of(f, op=f.op or f.role, nbytes=jg.cost[i], status=status, reason=reason, inputs=ins)
+
+
 def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_ids: tuple[int, ...] | list[int],
-               no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline) -> Plan:
+               no_recompute: dict[int, str], reasons: dict[int, str], eager: EagerBaseline,
+               peak_bytes: int | None = None) -> Plan:
     """The Plan for one joint graph saving ``saved_ids``; ``computed_ids`` are the values the
-    backward computes from them (recomputed forward ops and backward-only ops)."""
+    backward computes from them (recomputed forward ops and backward-only ops). ``peak_bytes``:
+    its simulated peak where the caller has it (``peak.simulate``), else simulated here."""
     saved_set, computed = set(saved_ids), set(computed_ids)
     saved = []
     for i in sorted(saved_set):
@@ -393,18 +407,19 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
     sched = jg.schedule
     by_sched = {sid: i for i, sid in enumerate(jg.sched_ids)}
     nodes = []
+    made = jg.plan_nodes  # one PlanNode per (node, status, reason) for all the graph's plans
     for sid in range(sched.n):
-        name = sched.names[sid]
         i = by_sched.get(sid)
-        ins = tuple(sched.names[u] for u in sched.inputs[sid])
         if i is None:
             st = Status.TANGENT if sid in sched.tangent else Status.BACKWARD
-            op = str(st) if st is Status.TANGENT else jg.node_ops.get(sid, "")
-            nodes.append(PlanNode(name, op, status=st, reason="", inputs=ins))
-            continue
-        f = jg.facts[i]
-        nodes.append(PlanNode.of(f, op=f.op or f.role, nbytes=jg.cost[i], status=status[i],
-                                 reason=reasons.get(i, ""), inputs=ins))
+            key = (sid, st, "")
+        else:
+            st = status[i]
+            key = (sid, st, reasons.get(i, ""))
+        node = made.get(key)
+        if node is None:
+            node = made[key] = _plan_node(jg, sid, i, st, key[2])
+        nodes.append(node)
     flops = sum(jg.recompute_flops[i] for i in recomputed) if jg.recompute_flops else 0
     secs = sum(jg.recompute_seconds[i] for i in recomputed) if jg.recompute_seconds else 0.0
     return Plan(
@@ -414,7 +429,8 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         recompute_times=tuple(times.values()) if any(t > 1 for t in times.values()) else (),
         eager_saved_bytes=eager.saved_bytes,
         nodes=tuple(nodes),
-        predicted_peak_bytes=(peak := simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes),
+        predicted_peak_bytes=(peak := simulate(sched, jg.to_schedule_ids(saved_ids)).peak_bytes
+                              if peak_bytes is None else peak_bytes),
         simulated_peak_bytes=peak,
         peak_model=getattr(sched.model or OP_BY_OP, "name", ""),
         eager_peak_bytes=eager.peak_bytes,

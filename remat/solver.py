@@ -1,7 +1,8 @@
 """Minimum-byte cut between the forward and the backward. Pure Python: no torch import.
 
-Construction (max-flow: networkx's Boykov-Kolmogorov, measured 1.5-5x faster than preflow-push on
-joint graphs of 4,000 nodes; see benchmarks/plan_speed.py):
+Construction (max-flow: Boykov-Kolmogorov, ``remat.maxflow``, step for step networkx's, which
+was measured 1.5-5x faster than preflow-push on joint graphs of 4,000 nodes; see
+benchmarks/plan_speed.py):
 
 Every value ``v`` of the forward-computable part of the joint graph becomes two vertices
 ``2v`` ("v_in") and ``2v+1`` ("v_out") joined by an edge whose capacity is the cost of saving
@@ -26,9 +27,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import networkx as nx
+from .maxflow import Recut, source_side
 
-__all__ = ["Problem", "Solution", "ConflictError", "solve", "solve_weighted", "brute_force", "time_of",
+__all__ = ["Problem", "Solution", "ConflictError", "WeightedCuts", "solve", "solve_weighted", "brute_force", "time_of",
            "describe"]
 
 SOURCE = "source"
@@ -97,34 +98,31 @@ def _tie_terms(p: Problem) -> tuple[list[int], int]:
     return ties, scale
 
 
-def _build(p: Problem, weight: float | None, free: set[int]) -> nx.DiGraph:
-    """The flow network. With ``weight`` (bytes per second of recompute), an edge
-    ``source -> v_in`` of capacity ``weight * recompute_cost[v]`` charges recomputing ``v``; the
-    cut then minimises ``saved bytes + weight * recompute seconds`` (floats, no tie terms)."""
+def _build(p: Problem, weight: float | None, free: set[int]) -> dict[object, dict[object, dict]]:
+    """The flow network, as networkx would hold it (``{u: {v: attrs}}``, vertices and edges in
+    insertion order; see Note [Max-flow without networkx]). With ``weight`` (bytes per second of
+    recompute), an edge ``source -> v_in`` of capacity ``weight * recompute_cost[v]`` charges
+    recomputing ``v``; the cut then minimises ``saved bytes + weight * recompute seconds``
+    (floats, no tie terms)."""
     ties, scale = _tie_terms(p)
     if weight is not None:
         ties, scale = [0] * p.n, 1
-    inf: dict = {}  # no capacity attribute: infinite
-    edges: list[tuple[object, object, dict]] = []
-    add = edges.append
+    g: dict[object, dict[object, dict]] = {SOURCE: {}, SINK: {}}
     for v in range(p.n):
         if v in free:  # see _free: no vertices, no edges
             continue
         v_in, v_out = 2 * v, 2 * v + 1
-        add((v_in, v_out, inf if v in p.no_save else {"capacity": p.cost[v] * scale + ties[v]}))
+        g.setdefault(v_in, {})[v_out] = {} if v in p.no_save else {"capacity": p.cost[v] * scale + ties[v]}
+        g.setdefault(v_out, {})
         if v in p.no_recompute:
-            add((SOURCE, v_in, inf))
+            g[SOURCE][v_in] = {}  # no capacity attribute: infinite
         elif weight is not None and p.recompute_cost and p.recompute_cost[v] > 0:
-            add((SOURCE, v_in, {"capacity": weight * p.recompute_cost[v]}))
+            g[SOURCE][v_in] = {"capacity": weight * p.recompute_cost[v]}
         for u in p.inputs[v]:
             if u not in free:
-                add((2 * u + 1, v_in, inf))
+                g[2 * u + 1].setdefault(v_in, {})
         if v in p.needed:
-            add((v_out, SINK, inf))
-    g = nx.DiGraph()
-    g.add_node(SOURCE)
-    g.add_node(SINK)
-    g.add_edges_from(edges)
+            g[v_out][SINK] = {}
     return g
 
 
@@ -135,7 +133,7 @@ def _free(p: Problem) -> set[int]:
     return {v for v in range(p.n) if p.cost[v] == 0 and v in p.no_recompute and v not in p.no_save}
 
 
-def _find_conflict(p: Problem, g: nx.DiGraph) -> list[tuple[int, str]] | None:
+def _find_conflict(p: Problem, g: dict[object, dict[object, dict]]) -> list[tuple[int, str]] | None:
     """An all-infinite path source -> sink, as a chain of values, or None."""
     parent: dict[object, object] = {SOURCE: None}
     queue: deque[object] = deque([SOURCE])
@@ -191,18 +189,75 @@ def time_of(p: Problem, recomputed: tuple[int, ...] | list[int]) -> float:
     return sum(p.recompute_cost[v] for v in recomputed) if p.recompute_cost else 0.0
 
 
-def _cut(p: Problem, weight: float | None) -> Solution:
+class WeightedCuts:
+    """``solve_weighted(p, w)`` for many weights ``w`` of one problem (``remat.frontier.hull``).
+    What does not depend on ``w`` is done once: the checks, the search for an infinite path,
+    the flow network (only the capacities of the ``source -> v_in`` edges that charge recompute
+    time change; they are rewritten in place) and its residual network (``remat.maxflow``).
+    Each cut is the one ``solve_weighted`` finds."""
+
+    def __init__(self, p: Problem, flow_cache: dict | None = None):
+        self.p = p
+        self.free: set[int] | None = None
+        """``_free(p)``, once ``p`` is checked."""
+        self.no_conflict = False
+        """Whether ``p``'s network was searched for an infinite path and has none."""
+        self.flow_cache: dict = {} if flow_cache is None else flow_cache
+        """``remat.maxflow.source_side``'s cache; problems that differ only in which values may
+        be recomputed (``planner``'s checkpoint sets) may share one."""
+        self._charged: list[tuple[int, dict]] = []
+        """(v, the attributes of ``source -> v_in``) for each value whose recompute is charged."""
+        self._recut: Recut | None = None
+
+    def __call__(self, weight: float) -> Solution:
+        return solve_weighted(self.p, weight, self)
+
+    def source_side(self, weight: float, free: set[int]) -> set:
+        """``_build(p, weight, free)``'s minimum cut, the network built once and re-weighted
+        while every charge stays positive (a zero-capacity edge is no edge to the max-flow)."""
+        rc = self.p.recompute_cost
+        if self._recut is not None and all(weight * rc[v] > 0 for v, _ in self._charged):
+            for v, attrs in self._charged:
+                attrs["capacity"] = weight * rc[v]  # as _build writes it
+            return self._recut.source_side()
+        g = _build(self.p, weight, free)
+        charged = [(v, g[SOURCE][2 * v]) for v in range(self.p.n) if v not in free and v not in self.p.no_recompute
+                   and rc and rc[v] > 0]
+        if all(a["capacity"] > 0 for _, a in charged):
+            self._charged, self._recut = charged, Recut(g, SOURCE, SINK, self.flow_cache)
+            return self._recut.source_side()
+        return source_side(g, SOURCE, SINK, self.flow_cache)
+
+
+def _checked_free(p: Problem, cuts: WeightedCuts | None) -> set[int]:
+    """``_free(p)`` after checking that ``p``'s values are in graph order (once per ``cuts``)."""
+    if cuts is not None and cuts.free is not None:
+        return cuts.free
     for v in range(p.n):
         if any(u >= v for u in p.inputs[v]):
             raise ValueError(f"value {v} has an input that is not earlier in graph order")
     free = _free(p)
-    g = _build(p, weight, free)
-    chain = _find_conflict(p, g)
-    if chain is not None:
-        raise ConflictError(chain)
+    if cuts is not None:
+        cuts.free = free
+    return free
+
+
+def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None) -> Solution:
+    free = _checked_free(p, cuts)
+    g = None
+    if cuts is None or not cuts.no_conflict:  # the same for every weight: infinite edges only
+        g = _build(p, weight, free)
+        chain = _find_conflict(p, g)
+        if chain is not None:
+            raise ConflictError(chain)
+        if cuts is not None:
+            cuts.no_conflict = True
     if not p.needed:
         return Solution((), (), 0, 0.0, weight)
-    _, (reachable, _) = nx.minimum_cut(g, SOURCE, SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov)
+    if cuts is not None and weight is not None:
+        reachable = cuts.source_side(weight, free)
+    else:
+        reachable = source_side(g if g is not None else _build(p, weight, free), SOURCE, SINK)
     cut = {v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable}
     recomputed = recompute_closure(p, cut | free)
     if recomputed is None:  # pragma: no cover - guarded by the construction
@@ -217,11 +272,14 @@ def solve(p: Problem) -> Solution:
     return _cut(p, None)
 
 
-def solve_weighted(p: Problem, weight: float) -> Solution:
-    """The plan minimising ``saved bytes + weight * recompute seconds``."""
+def solve_weighted(p: Problem, weight: float, cuts: WeightedCuts | None = None) -> Solution:
+    """The plan minimising ``saved bytes + weight * recompute seconds``. ``cuts``: a
+    ``WeightedCuts`` of ``p`` shared by many calls (the same plan, found faster)."""
     if not weight >= 0:
         raise ValueError(f"weight must be >= 0, got {weight!r}")
-    return _cut(p, weight)
+    if cuts is not None and cuts.p is not p:
+        raise ValueError("remat: internal error, WeightedCuts of another problem; please report")
+    return _cut(p, weight, cuts)
 
 
 def brute_force(p: Problem) -> int | None:

@@ -4,7 +4,7 @@
 * only ``remat/inductor/`` and ``remat/compat.py`` touch any other private torch API (a module
   path with a ``_``-prefixed part, a ``_``-prefixed name imported from torch, or an attribute
   chain such as ``torch._dynamo.reset``);
-* the solver core (``solver``, ``frontier``, ``segments``, ``peak``, ``reach``, ``allocations``,
+* the solver core (``solver``, ``maxflow``, ``frontier``, ``segments``, ``peak``, ``reach``, ``allocations``,
   ``inductor/fusion``, ``inductor/kernel_model``) imports no torch at all;
 * no import cycle inside ``remat/``, lazy imports inside functions included (imports under
   ``if TYPE_CHECKING:`` are for annotations only and are left out).
@@ -21,8 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "remat"
 INDUCTOR_PACKAGE = "remat.inductor"
 COMPAT = "remat.compat"
-PURE = ("remat.solver", "remat.frontier", "remat.segments", "remat.peak", "remat.reach", "remat.allocations",
-        "remat.inductor.fusion", "remat.inductor.kernel_model", "remat.units")
+PURE = ("remat.solver", "remat.maxflow", "remat.frontier", "remat.segments", "remat.peak", "remat.reach",
+        "remat.allocations", "remat.inductor.fusion", "remat.inductor.kernel_model", "remat.units")
 
 
 def _module_name(path: Path) -> str:
