@@ -38,7 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels"]
+__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels",
+           "itemsize"]
 
 KINDS = ("input", "view", "pointwise", "reduction", "outer-reduction", "extern", "random")
 """How Inductor lowers an op: ``input`` (a placeholder), ``view`` (aliases its first input),
@@ -177,9 +178,11 @@ class _Expr:
 
 def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str], ops: Sequence[int],
           heavy: Iterable[int], graph_inputs: Iterable[int], outputs: Iterable[int],
-          rules: FusionRules) -> Lowered:
+          rules: FusionRules, numel: Sequence[int] = ()) -> Lowered:
     """Lower one graph: ``nodes`` in execution order, ``inputs`` (per node id, of the whole
-    schedule) their operands; ``graph_inputs`` exist before it runs; ``outputs`` it returns.
+    schedule) their operands; ``graph_inputs`` exist before it runs; ``outputs`` it returns;
+    ``numel``: the elements of each node's value (0 or absent: unknown), which show where a
+    pointwise op broadcasts an operand (Note [Broadcast realization]).
     See the module docstring for the rules."""
     member = set(nodes)
     outs = set(outputs)
@@ -213,6 +216,10 @@ def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[
             reads[v] = reads.get(b, frozenset())
             continue
         if k == "pointwise":
+            for u in args:
+                b = base.get(u, u)
+                if b in expr and _broadcasts(v, b, numel) and _realize_broadcast(expr[b], rules):
+                    store(b)
             inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
             rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
             members = frozenset({v}).union(*(e.members for e in inlined))
@@ -249,6 +256,33 @@ def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, ki
     if e.ops > rules.max_inline_ops:
         return store(v)
     return None
+
+
+# Note [Broadcast realization]
+# A pointwise op that broadcasts an operand (a [rows, 1] statistic against a [rows, cols] value)
+# lowers it through ``expand``, which marks the operand reused once per copy
+# (``lowering.py: expand``, ``mark_reuse(..., graph_reuse=False)``; 2.11, 2.13). That is not
+# graph fanout: the read-count test does not apply, but the others of
+# ``StorageBox.should_realize_on_reuse`` do, so an inlined operand with an ``exp``/``log``/...
+# (CPU) or more than ``opcount_threshold`` ops is stored, however few fx readers it has. The
+# loss's ``log(sum(exp(x - max)))`` is the case that matters: on CPU the [rows, 1] log is
+# stored, so ``x - max - log(...)`` (the log-softmax, [rows, vocab] in float32) holds no heavy
+# op and stays inlined into its two readers (the gather of the target's entry and the saved
+# softmax) instead of taking a buffer (HF Llama's LM loss, vocab 32000: a 62.5 MiB float32
+# buffer at 512 tokens that Inductor never allocates).
+
+
+def _broadcasts(v: int, u: int, numel: Sequence[int]) -> bool:
+    """Whether pointwise ``v`` reads ``u`` broadcast (``u`` has fewer elements, both known)."""
+    n_v = numel[v] if v < len(numel) else 0
+    n_u = numel[u] if u < len(numel) else 0
+    return 0 < n_u < n_v
+
+
+def _realize_broadcast(e: _Expr, rules: FusionRules) -> bool:
+    """Whether Inductor stores an inlined value a pointwise op broadcasts (Note [Broadcast
+    realization]): ``should_realize_on_reuse`` without its read-count test."""
+    return (rules.realize_heavy_reuse and e.heavy) or e.ops > rules.opcount_threshold
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,6 +663,11 @@ def _is_extern(kind: Sequence[str], v: int) -> bool:
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
              "uint8": 1, "int8": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (1 if unknown)."""
+    return _ITEMSIZE.get(dtype, 1)
 
 
 def _dt(dtype: Sequence[str], v: int) -> str:
