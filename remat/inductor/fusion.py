@@ -324,7 +324,7 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
         local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs,
                                _looped_passes(groups, reads, kind, numel, rules), rules.registers)
         groups = [[v for v in g if v not in local] for g in groups]
-        reads = {v: rd - local for v, rd in reads.items() if v not in local}
+        reads = _through_local(reads, local)
     groups = [g for g in groups if g]
     alias: dict[int, int] = {}
     if rules.inplace:
@@ -527,6 +527,15 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
             and (registers or len({_kind(kind, w) for w in readers[v]}) == 1)
             and all(_kind(kind, w) in ("pointwise", "reduction") for w in readers[v])
             and all(passes.get(w, 0) == passes.get(v, 0) for w in readers[v])}
+
+
+def _through_local(reads: dict[int, frozenset[int]], local: set[int]) -> dict[int, frozenset[int]]:
+    """``reads`` without the ``local`` buffers: a reader of one reads what it reads instead (its
+    kernel computes it from those, so they stay alive until that kernel has run)."""
+    out: dict[int, frozenset[int]] = {}
+    for v, rd in reads.items():  # execution order: a local buffer comes before its readers
+        out[v] = frozenset().union(*(out.get(u, frozenset()) if u in local else frozenset({u}) for u in rd))
+    return {v: rd for v, rd in out.items() if v not in local}
 
 
 def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
