@@ -20,6 +20,8 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
     ``reads_threshold`` buffer reads, more than ``opcount_threshold`` ops, or (CPU only) an
     ``exp``/``log``/``tanh``/``sigmoid`` in it (``StorageBox.should_realize_on_reuse``);
   - it has several readers and one is a graph output or a matmul (``realize_hint``);
+  - a pointwise op broadcasts it and it has more than ``opcount_threshold`` ops or (CPU) an
+    ``exp``/``log``/... (Note [Broadcast realization]);
   - its expression has accumulated more than ``acc_reads_threshold`` reads or
     ``opcount_threshold`` ops (``has_exceeded_max_reads``), or more than 100 ops;
 
@@ -28,9 +30,9 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
 ``kernels`` then groups one lowered graph into the kernels the simulator replays, each with the
 storages it allocates before it runs and the storages it reads (Note [Inductor allocation]):
 fused kernels allocate all their buffers up front (``kernel_groups``); a buffer read only row by
-row inside its own fused kernel is never allocated (``local_buffers``); a kernel writes in place
-into a same-sized buffer it reads for the last time (``inplace``); a freed buffer is held for a
-later one of its size (``reuse``).
+row inside its own fused kernel is never allocated (``local_buffers``), and what it reads stays
+alive until that kernel runs; a kernel writes in place into a same-sized buffer it reads for the
+last time (``inplace``); a freed buffer is held for a later one of its size (``reuse``).
 """
 
 from __future__ import annotations
