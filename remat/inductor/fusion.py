@@ -308,12 +308,11 @@ class Kernel:
 def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str],
             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, graph_inputs: Iterable[int],
             outputs: Iterable[int], rules: FusionRules,
-            block: Sequence[str | None] = (), donated: Iterable[int] = ()) -> tuple[list[Kernel], dict[int, int]]:
+            block: Sequence[str | None] = ()) -> tuple[list[Kernel], dict[int, int]]:
     """The kernels of a lowered graph in execution order (see Note [Inductor allocation]), and
     the stored nodes that take over another node's storage (written in place, or reusing a freed
     buffer): node -> that storage. ``block``: each node's block; kernels of two different blocks
-    are never fused (remat compiles with stage-local fusion, Note [Stage-local fusion]).
-    ``donated``: graph inputs a kernel may write in place (Note [Donated buffers])."""
+    are never fused (remat compiles with stage-local fusion, Note [Stage-local fusion])."""
     given, outs = set(graph_inputs), set(outputs)
     reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in inputs[v])) - {v}
              for v in nodes if v in lowered.stored}
@@ -331,8 +330,7 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
     groups = [g for g in groups if g]
     alias: dict[int, int] = {}
     if rules.inplace:
-        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs, rules.inplace_in_kernel,
-                         set(donated) - outs)
+        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs, rules.inplace_in_kernel)
     fine = groups  # Inductor estimates its peak per fused kernel, before C++ kernel groups merge
     end = list(range(len(groups)))  # per group: the index in ``fine`` of its last kernel
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
@@ -544,14 +542,11 @@ def _through_local(reads: dict[int, frozenset[int]], local: set[int]) -> dict[in
 
 def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
              nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int],
-             in_kernel: bool = False, donated: set[int] | None = None) -> dict[int, int]:
+             in_kernel: bool = False) -> dict[int, int]:
     """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
     reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``);
-    with ``in_kernel``, also into one an earlier node of its own kernel stored; also into a
-    ``donated`` graph input (Note [Donated buffers])."""
-    donated = donated or set()
+    with ``in_kernel``, also into one an earlier node of its own kernel stored."""
     group_of = {v: i for i, g in enumerate(groups) for v in g}
-    group_of.update((d, -1) for d in donated)  # exists before the first kernel
     pos = {v: k for g in groups for k, v in enumerate(g)}
     last: dict[int, tuple[int, int]] = {}  # storage -> (group, position) of its last reader
     for v, rd in reads.items():
@@ -566,25 +561,13 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Se
             for u in sorted(reads[v]):
                 s = alias.get(u, u)
                 earlier = group_of.get(s, i) < i or (in_kernel and group_of.get(s) == i and pos[s] < pos[v])
-                if (((s in lowered.stored and s not in keep) or s in donated) and s not in taken and earlier
+                if (s in lowered.stored and s not in keep and s not in taken and earlier
                         and last.get(s, (-1, -1))[0] == i and (last[s][1] == pos[v] or group_of.get(s, i) < i)
                         and nbytes[s] == nbytes[v] and _dt(dtype, s) == _dt(dtype, v)):
                     alias[v], last[s] = s, max(last[s], last.get(v, (i, pos[v])))
                     taken.add(s)
                     break
     return alias
-
-
-# Note [Donated buffers]
-# A tensor the forward saves for the backward and returns nowhere else (not a view of a forward
-# input, of a user output, or of a gradient) is *donated* to the compiled backward: autograd
-# drops its reference when the backward starts, so Inductor may write a kernel's output into
-# it in place, as into a buffer of its own (``aot_autograd: collect_bw_donated_buffer_idxs``,
-# ``functorch.config.donated_buffer``, ``ir.DonatedBuffer``; ``wrapper.can_reuse``; 2.11, 2.13).
-# A donated buffer is only written in place: once freed it does not join the pool of buffers
-# later allocations reuse (``codegen_free``: graph inputs "can be freed but not reused"). HF
-# Llama in float32 (CPU): the logits gradient is written into the saved softmax, 2 MiB of the
-# small test model's 10 MiB peak.
 
 
 def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],

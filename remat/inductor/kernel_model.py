@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..peak import Schedule, Step, ancestors
 from .fusion import FusionRules, itemsize, kernels, lower
 
-__all__ = ["KernelModel", "kernel_steps", "early_order", "elements", "donated"]
+__all__ = ["KernelModel", "kernel_steps", "early_order", "elements"]
 
 _Key = tuple[int, int]
 
@@ -43,8 +43,7 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
     def storage(u: int, phase: int) -> _Key:
         r = s.root[u]
         if phase and r in bwd_side:
-            a = alias[1].get(r, r)
-            return storage(a, 0) if a in saved else (a, 1)  # written into a donated buffer
+            return (alias[1].get(r, r), 1)
         return (alias[0].get(r, r), 0)
 
     numel = elements(s)
@@ -61,7 +60,7 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
 
         storage_outputs = {s.root[v] for v in outputs}  # a gradient may be a view (permute of mm)
         ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
-                                   rules, s.block, donated(s, saved) if phase else ())
+                                   rules, s.block)
         if phase == 1:
             boundary = len(steps)
             for t in sorted(s.tangent):
@@ -77,14 +76,6 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
                                frozenset(key(u) for u in k.reads if u not in pre),
                                (sum(s.workspace[v] for v in k.nodes) if s.workspace else 0) + k.held))
     return steps, boundary, nbytes, storage
-
-
-def donated(s: Schedule, saved: set[int]) -> set[int]:
-    """Saved values the compiled backward may write in place (Note [Donated buffers] in
-    ``remat.inductor.fusion``): those owning their storage, which no graph input, forward output
-    or gradient shares."""
-    shared = {s.root[v] for v in (*s.graph_input, *s.fwd_outputs, *s.bwd_outputs)}
-    return {v for v in saved if s.root[v] == v and v not in shared and v not in s.graph_input}
 
 
 def elements(s: Schedule) -> tuple[int, ...]:
