@@ -20,6 +20,8 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
     ``reads_threshold`` buffer reads, more than ``opcount_threshold`` ops, or (CPU only) an
     ``exp``/``log``/``tanh``/``sigmoid`` in it (``StorageBox.should_realize_on_reuse``);
   - it has several readers and one is a graph output or a matmul (``realize_hint``);
+  - a pointwise op broadcasts it and it has more than ``opcount_threshold`` ops or (CPU) an
+    ``exp``/``log``/... (Note [Broadcast realization]);
   - its expression has accumulated more than ``acc_reads_threshold`` reads or
     ``opcount_threshold`` ops (``has_exceeded_max_reads``), or more than 100 ops;
 
@@ -28,9 +30,9 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
 ``kernels`` then groups one lowered graph into the kernels the simulator replays, each with the
 storages it allocates before it runs and the storages it reads (Note [Inductor allocation]):
 fused kernels allocate all their buffers up front (``kernel_groups``); a buffer read only row by
-row inside its own fused kernel is never allocated (``local_buffers``); a kernel writes in place
-into a same-sized buffer it reads for the last time (``inplace``); a freed buffer is held for a
-later one of its size (``reuse``).
+row inside its own fused kernel is never allocated (``local_buffers``), and what it reads stays
+alive until that kernel runs; a kernel writes in place into a same-sized buffer it reads for the
+last time (``inplace``); a freed buffer is held for a later one of its size (``reuse``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels"]
+__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels",
+           "itemsize"]
 
 KINDS = ("input", "view", "pointwise", "reduction", "outer-reduction", "extern", "random")
 """How Inductor lowers an op: ``input`` (a placeholder), ``view`` (aliases its first input),
@@ -177,9 +180,11 @@ class _Expr:
 
 def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str], ops: Sequence[int],
           heavy: Iterable[int], graph_inputs: Iterable[int], outputs: Iterable[int],
-          rules: FusionRules) -> Lowered:
+          rules: FusionRules, numel: Sequence[int] = ()) -> Lowered:
     """Lower one graph: ``nodes`` in execution order, ``inputs`` (per node id, of the whole
-    schedule) their operands; ``graph_inputs`` exist before it runs; ``outputs`` it returns.
+    schedule) their operands; ``graph_inputs`` exist before it runs; ``outputs`` it returns;
+    ``numel``: the elements of each node's value (0 or absent: unknown), which show where a
+    pointwise op broadcasts an operand (Note [Broadcast realization]).
     See the module docstring for the rules."""
     member = set(nodes)
     outs = set(outputs)
@@ -213,6 +218,10 @@ def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[
             reads[v] = reads.get(b, frozenset())
             continue
         if k == "pointwise":
+            for u in args:
+                b = base.get(u, u)
+                if b in expr and _broadcasts(v, b, numel) and _realize_broadcast(expr[b], rules):
+                    store(b)
             inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
             rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
             members = frozenset({v}).union(*(e.members for e in inlined))
@@ -251,6 +260,33 @@ def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, ki
     return None
 
 
+# Note [Broadcast realization]
+# A pointwise op that broadcasts an operand (a [rows, 1] statistic against a [rows, cols] value)
+# lowers it through ``expand``, which marks the operand reused once per copy
+# (``lowering.py: expand``, ``mark_reuse(..., graph_reuse=False)``; 2.11, 2.13). That is not
+# graph fanout: the read-count test does not apply, but the others of
+# ``StorageBox.should_realize_on_reuse`` do, so an inlined operand with an ``exp``/``log``/...
+# (CPU) or more than ``opcount_threshold`` ops is stored, however few fx readers it has. The
+# loss's ``log(sum(exp(x - max)))`` is the case that matters: on CPU the [rows, 1] log is
+# stored, so ``x - max - log(...)`` (the log-softmax, [rows, vocab] in float32) holds no heavy
+# op and stays inlined into its two readers (the gather of the target's entry and the saved
+# softmax) instead of taking a buffer (HF Llama's LM loss, vocab 32000: a 62.5 MiB float32
+# buffer at 512 tokens that Inductor never allocates).
+
+
+def _broadcasts(v: int, u: int, numel: Sequence[int]) -> bool:
+    """Whether pointwise ``v`` reads ``u`` broadcast (``u`` has fewer elements, both known)."""
+    n_v = numel[v] if v < len(numel) else 0
+    n_u = numel[u] if u < len(numel) else 0
+    return 0 < n_u < n_v
+
+
+def _realize_broadcast(e: _Expr, rules: FusionRules) -> bool:
+    """Whether Inductor stores an inlined value a pointwise op broadcasts (Note [Broadcast
+    realization]): ``should_realize_on_reuse`` without its read-count test."""
+    return (rules.realize_heavy_reuse and e.heavy) or e.ops > rules.opcount_threshold
+
+
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """One kernel of a lowered graph, in execution order: the stored nodes it computes
@@ -285,12 +321,22 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
         return nbytes[u] // _ITEMSIZE.get(_dt(dtype, u), 1)
 
     groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel, block)
+    whole, whole_reads = groups, reads  # what Inductor's own peak estimate counts (Note [Reuse estimate])
     if rules.local_buffers:
         # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
         local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs,
                                _looped_passes(groups, reads, kind, numel, rules), rules.registers)
         groups = [[v for v in g if v not in local] for g in groups]
-        reads = {v: rd - local for v, rd in reads.items() if v not in local}
+        reads = _through_local(reads, local)
+    estimated: list[list[int]] = []  # per kernel left: its stored nodes, local buffers included
+    pending: list[int] = []
+    for g, w in zip(groups, whole):
+        pending += w
+        if g:
+            estimated.append(pending)
+            pending = []
+    if pending and estimated:
+        estimated[-1] += pending
     groups = [g for g in groups if g]
     alias: dict[int, int] = {}
     if rules.inplace:
@@ -310,7 +356,8 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
                 end.append(k)
         groups = merged
     if rules.reuse:
-        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs, fine, end, rules.reuse_margin)
+        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs, fine, end, rules.reuse_margin,
+                       (estimated, whole_reads))
     alias = {v: storage_of(alias, v) for v in alias}
     held = _mix_order_workspace(groups, mixed, reads, numel, rules, block)
     out = [Kernel(tuple(g), tuple(v for v in g if nbytes[v] and v not in alias),
@@ -495,6 +542,15 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
             and all(passes.get(w, 0) == passes.get(v, 0) for w in readers[v])}
 
 
+def _through_local(reads: dict[int, frozenset[int]], local: set[int]) -> dict[int, frozenset[int]]:
+    """``reads`` without the ``local`` buffers: a reader of one reads what it reads instead (its
+    kernel computes it from those, so they stay alive until that kernel has run)."""
+    out: dict[int, frozenset[int]] = {}
+    for v, rd in reads.items():  # execution order: a local buffer comes before its readers
+        out[v] = frozenset().union(*(out.get(u, frozenset()) if u in local else frozenset({u}) for u in rd))
+    return {v: rd for v, rd in out.items() if v not in local}
+
+
 def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
              nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int],
              in_kernel: bool = False) -> dict[int, int]:
@@ -528,7 +584,8 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Se
 def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
            dtype: Sequence[str], alias: dict[int, int], given: set[int], outs: set[int],
            fine: list[list[int]] | None = None, end: Sequence[int] | None = None,
-           margin: float = 0.0) -> dict[int, int]:
+           margin: float = 0.0,
+           estimated: tuple[list[list[int]], dict[int, frozenset[int]]] | None = None) -> dict[int, int]:
     """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
     of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
     graph's peak (bytes after each kernel, freeable inputs counted) allows it
@@ -536,11 +593,16 @@ def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Se
     are reused last in, first out. ``fine``: the fused kernels ``groups`` merge (C++ kernel
     groups), over which Inductor estimates its peak; ``end``: the index in ``fine`` of each
     group's last kernel, where its memory-planning lines sit. ``margin``:
-    ``FusionRules.reuse_margin``."""
+    ``FusionRules.reuse_margin``. ``estimated``: ``fine``'s kernels with the buffers Inductor's
+    estimate counts and what they read (Note [Reuse estimate]); by default ``fine`` itself, its
+    in-place writes taken into account."""
     alias = dict(alias)
     if fine is None or end is None:
         fine, end = groups, range(len(groups))
-    after = _estimate(fine, reads, nbytes, alias, given, outs)
+    if estimated is None:
+        after = _estimate(fine, reads, nbytes, alias, given, outs)
+    else:
+        after = _estimate(estimated[0], estimated[1], nbytes, {}, given, outs)
     overall = max(after, default=0)
     n = len(groups)
     last: dict[int, int] = {}
@@ -586,6 +648,20 @@ def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Se
     return alias
 
 
+# Note [Reuse estimate]
+# Whether the wrapper holds a freed buffer for a later allocation of its size is decided against
+# Inductor's own estimate of the graph's peak (``memory.estimate_peak_memory`` over the scheduler
+# nodes, ``wrapper.EfficientPeakEstimate``; 2.11, 2.13). That estimate is made before code is
+# generated: every buffer a fused kernel defines counts from that kernel to its last reader, also
+# the ones code generation then keeps in registers or a per-row local buffer, and a kernel's
+# output counts beside the input it is later written into in place. The model's copy counts the
+# same. Measured (CPU, the small float32 HF Llama at budget 0.5): a SiLU backward kernel defines
+# five 0.69 MiB buffers, one local and one written in place; Inductor estimated the backward's
+# peak at 7.97 MiB, the model's copy without them at 6.12, so the model let the five buffers be
+# freed where the wrapper held them through the attention backward for the next layer's MLP
+# (read peak 8.04 MiB, simulated 6.12).
+
+
 def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
               alias: dict[int, int], given: set[int], outs: set[int]) -> list[int]:
     """Inductor's own estimate of live bytes at each kernel (``memory.estimate_peak_memory``):
@@ -629,6 +705,11 @@ def _is_extern(kind: Sequence[str], v: int) -> bool:
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
              "uint8": 1, "int8": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (1 if unknown)."""
+    return _ITEMSIZE.get(dtype, 1)
 
 
 def _dt(dtype: Sequence[str], v: int) -> str:

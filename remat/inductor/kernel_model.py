@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..peak import Schedule, Step, ancestors
-from .fusion import FusionRules, kernels, lower
+from .fusion import FusionRules, itemsize, kernels, lower
 
-__all__ = ["KernelModel", "kernel_steps", "early_order"]
+__all__ = ["KernelModel", "kernel_steps", "early_order", "elements"]
 
 _Key = tuple[int, int]
 
@@ -46,11 +46,12 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
             return (alias[1].get(r, r), 1)
         return (alias[0].get(r, r), 0)
 
+    numel = elements(s)
     fwd = early_order(s, fwd, ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
     graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
     boundary = 0
     for phase, nodes, given, outputs in graphs:
-        lowered = lower(nodes, s.inputs, kind, ops, s.heavy, given, outputs, rules)
+        lowered = lower(nodes, s.inputs, kind, ops, s.heavy, given, outputs, rules, numel)
 
         def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
             if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
@@ -75,6 +76,13 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
                                frozenset(key(u) for u in k.reads if u not in pre),
                                (sum(s.workspace[v] for v in k.nodes) if s.workspace else 0) + k.held))
     return steps, boundary, nbytes, storage
+
+
+def elements(s: Schedule) -> tuple[int, ...]:
+    """Elements of each node's value, from the bytes of the storage it lives in (a view counts
+    its base's; 0 where unknown: graph inputs)."""
+    dt = s.dtype or ("",) * s.n
+    return tuple(s.nbytes[s.root[v]] // itemsize(dt[s.root[v]]) for v in range(s.n))
 
 
 def early_order(s: Schedule, nodes: list[int], main: set[int]) -> list[int]:
