@@ -216,7 +216,11 @@ def section(folder: pathlib.Path = HERE) -> str:
              f"run of {run['date']}: `benchmarks/{path.name}`, "
              + (f"anchors: `benchmarks/{apath.name}`." if anchors else f"no anchors file ({apath.name})."), ""]
     lines += table(items) + ["", geomean_line(items, run), ""]
-    lines.append(f"Run: `{_command(run['argv'])}` ({run['warmup']} warm-up, {run['iters']} timed steps).")
+    for r in run.get("runs") or [run]:  # a merged file (``real_models.py --report``) lists its runs
+        lines.append(f"Run of {r['date']}: `{_command(r['argv'])}` ({run['warmup']} warm-up, {run['iters']} "
+                     "timed steps).")
+    for note in run.get("notes") or []:
+        lines += ["", note]
     for k, a in enumerate((anchors.get("runs") or [anchors]) if anchors else []):
         if any(e.anchors and e.row.get("run", 0) == k for e in items):
             lines.append(f"Anchors run of {a['date']}: `{_command(a['argv'])}`.")
