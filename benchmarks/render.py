@@ -247,7 +247,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
     "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
     "distributed-h200": distributed_h200, "attention-dropout": attention_dropout,
-    "real-models": render_real_models.section,
+    "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 

@@ -203,6 +203,19 @@ def _missing(items: list[Entry]) -> str:
     return f"Not measured in either file: {'; '.join(parts)}." if parts else ""
 
 
+def headline(folder: pathlib.Path = HERE) -> str:
+    """The top-level README's quote of the newest run: its geomean line, its commands and notes."""
+    path = newest_run(folder)
+    run = _load(path)
+    apath = anchors_path(run, folder)
+    items = entries(run, _load(apath) if apath.exists() else None)
+    lines = [geomean_line(items, run) + f" From `benchmarks/{path.name}`, produced by:", ""]
+    lines += [f"    {_command(r['argv'])}" for r in run.get("runs") or [run]]
+    for note in run.get("notes") or []:
+        lines += ["", note]
+    return "\n".join(lines)
+
+
 def section(folder: pathlib.Path = HERE) -> str:
     """The generated Markdown: caption, table, geomean, commands, plots."""
     path = newest_run(folder)
