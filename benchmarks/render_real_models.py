@@ -160,7 +160,8 @@ def table(items: list[Entry]) -> list[str]:
         cells = [e.model, r["strategy"], f"{r['ms']:.2f}", _num(r.get("peak_mib"), ".0f"),
                  _num(r.get("predicted_peak_mib"), ".0f"), _num(r.get("predicted_eager_peak_mib"), ".0f"),
                  _ratio(e, "ms"), _ratio(e, "peak_mib"), f"{r['compile_s']:.1f}", _grad(r), src,
-                 f"{r['graphs']} graphs (Dynamo graph break)" if r.get("graphs", 1) > 1 else ""]
+                 "; ".join(x for x in (f"{r['graphs']} graphs (Dynamo graph break)" if r.get("graphs", 1) > 1
+                                       else "", r.get("timing", "")) if x)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
