@@ -22,10 +22,11 @@ import torch.fx as fx
 
 from .backend import INDEX_SOURCE, Backend
 from .backends import backend_for
+from .cost import DeviceModel
 from .cse import cse
 from .errors import InfeasibleBudgetError, PlanningError
 from .frontier import bytes_first_weight, hull
-from .graph import JointGraph, analyze
+from .graph import JointGraph, analyze, device_model_for
 from .nesting import copy_of, nest
 from .options import Options
 from .peak import OP_BY_OP, floor_bytes, simulate
@@ -81,6 +82,29 @@ def _decisions(jg: JointGraph, options: Options,
 COST_RULES = frozenset({"matmul", "attention", "reduction", "normalization boundary", INDEX_SOURCE})
 """Built-in rules that forbid recompute because it is slow, not because it is unsafe: under a
 budget they give way to the estimated recompute cost."""
+
+
+def traffic_weight(dev: DeviceModel) -> float:
+    """What one second of recompute costs the default plan, in bytes: half the device's
+    bandwidth (Note [Default plan: bytes and recompute traffic])."""
+    return dev.bandwidth / 2
+
+
+# Note [Default plan: bytes and recompute traffic]
+# The default plan is the cut of least ``saved bytes + traffic_weight x recompute seconds``, with
+# the recompute time of each value estimated by the device model (``graph._recompute_costs``:
+# fused pointwise work at the vector rate). Saving a value costs its bytes twice in time, written
+# by the forward and read by the backward, so a second of recompute is worth bandwidth / 2 bytes:
+# the weight makes the cut the plan of least estimated memory traffic plus recompute time, not
+# only the fewest bytes. The cost rules (matmul, attention, reductions, normalization
+# boundaries) still forbid the slow recomputes, so the weight decides between plans whose bytes
+# are equal or nearly so, which the bytes-only cut settled by tie terms that ignore time:
+# measured on the H200 (profile in benchmarks/README.md), HF GPT-2's bytes-only plan saved the
+# fused q/k/v projection and recomputed the three contiguous copies cuDNN attention reads in
+# every layer's backward (3 kernels a layer), where saving the copies costs the same bytes; timm
+# ViT's recomputed the patch embedding's concatenation, the position embedding and the first
+# layer norm's statistics to save one token's row (1/197 of a block input). Budgets are
+# unchanged: their candidates come from ``hull``/segments and ``choose``.
 
 
 CHECKPOINT = "checkpoint (segment boundary)"
@@ -212,9 +236,9 @@ def plan_joint_graph(
                  ends_at_break=ends_at_break)
     eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
     no_recompute, no_save, reasons = _decisions(jg, options, backend)
-    problem = jg.problem(no_recompute, no_save)
+    problem = jg.problem(no_recompute, no_save, recompute_cost=jg.recompute_seconds)
     try:
-        sol = solve(problem)
+        sol = solve(problem, traffic_weight(options.device_model or device_model_for(gm)))
     except ConflictError as e:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("remat: the cut failed; its flow network:\n%s", describe(problem, e.chain))

@@ -20,6 +20,9 @@ so the minimum cut is the cheapest valid plan.
 Ties between plans of equal bytes are broken deterministically: capacities are scaled by a
 factor ``M`` larger than the sum of all tie-break terms, and each value adds a tie term that
 prefers fewer saved values, then values later in graph order (fewer ops to recompute).
+``solve(p, time_weight)`` also charges recomputing ``v`` ``time_weight * recompute_cost[v]``
+bytes (an edge ``source -> v_in``, scaled by ``M`` and rounded, so capacities stay exact
+integers): the planner's default plan (Note [Default plan: bytes and recompute traffic]).
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def _tie_terms(p: Problem) -> tuple[list[int], int]:
     return ties, scale
 
 
-def _build(p: Problem, weight: float | None, free: set[int]) -> dict[object, dict[object, dict]]:
+def _build(p: Problem, weight: float | None, free: set[int],
+           time_weight: float = 0.0) -> dict[object, dict[object, dict]]:
     """The flow network, as networkx would hold it (``{u: {v: attrs}}``, vertices and edges in
     insertion order; see Note [Max-flow without networkx]). With ``weight`` (bytes per second of
     recompute), an edge ``source -> v_in`` of capacity ``weight * recompute_cost[v]`` charges
@@ -118,6 +122,8 @@ def _build(p: Problem, weight: float | None, free: set[int]) -> dict[object, dic
             g[SOURCE][v_in] = {}  # no capacity attribute: infinite
         elif weight is not None and p.recompute_cost and p.recompute_cost[v] > 0:
             g[SOURCE][v_in] = {"capacity": weight * p.recompute_cost[v]}
+        elif time_weight and p.recompute_cost and p.recompute_cost[v] > 0:
+            g[SOURCE][v_in] = {"capacity": round(time_weight * p.recompute_cost[v] * scale)}  # exact ints
         for u in p.inputs[v]:
             if u not in free:
                 g[2 * u + 1].setdefault(v_in, {})
@@ -242,11 +248,11 @@ def _checked_free(p: Problem, cuts: WeightedCuts | None) -> set[int]:
     return free
 
 
-def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None) -> Solution:
+def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None, time_weight: float = 0.0) -> Solution:
     free = _checked_free(p, cuts)
     g = None
     if cuts is None or not cuts.no_conflict:  # the same for every weight: infinite edges only
-        g = _build(p, weight, free)
+        g = _build(p, weight, free, time_weight)
         chain = _find_conflict(p, g)
         if chain is not None:
             raise ConflictError(chain)
@@ -257,7 +263,7 @@ def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None) -> 
     if cuts is not None and weight is not None:
         reachable = cuts.source_side(weight, free)
     else:
-        reachable = source_side(g if g is not None else _build(p, weight, free), SOURCE, SINK)
+        reachable = source_side(g if g is not None else _build(p, weight, free, time_weight), SOURCE, SINK)
     cut = {v for v in range(p.n) if 2 * v in reachable and 2 * v + 1 not in reachable}
     recomputed = recompute_closure(p, cut | free)
     if recomputed is None:  # pragma: no cover - guarded by the construction
@@ -267,9 +273,11 @@ def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None) -> 
     return Solution(saved, tuple(recomputed), sum(p.cost[v] for v in saved), time_of(p, recomputed), weight)
 
 
-def solve(p: Problem) -> Solution:
-    """The cheapest valid plan in bytes. Raises ConflictError when every plan is infinite."""
-    return _cut(p, None)
+def solve(p: Problem, time_weight: float = 0.0) -> Solution:
+    """The cheapest valid plan in bytes, plus ``time_weight`` bytes per second of recompute
+    (``p.recompute_cost``), ties broken as in Note [Node-split flow network]. Raises
+    ConflictError when every plan is infinite."""
+    return _cut(p, None, time_weight=time_weight)
 
 
 def solve_weighted(p: Problem, weight: float, cuts: WeightedCuts | None = None) -> Solution:
