@@ -97,12 +97,23 @@ def remat_splits_ddp(backend: Any) -> Iterator[None]:
     who set ``optimize_ddp = False`` gets one graph, as with torch.compile) and this torch's
     DDPOptimizer is the one remat drives (``compat.can_split_ddp``); if so, Dynamo's own split is
     off for the call, else Dynamo splits as usual."""
+    if not _distributed():  # no process group, no DDP: nothing to split (and no per-step config patch)
+        backend.split_ddp = False
+        yield
+        return
     backend.split_ddp = compat.dynamo_splits_ddp() and compat.can_split_ddp()
     if not backend.split_ddp:  # the user asked for one graph, or this torch splits otherwise: Dynamo decides
         yield
         return
     with unsplit_by_ddp():
         yield
+
+
+def _distributed() -> bool:
+    """Whether a default process group is initialised (DDP needs one)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _world() -> tuple[int, int] | None:
