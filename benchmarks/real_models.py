@@ -154,9 +154,12 @@ class StageCheckpointed(nn.Module):
         return n.fc(torch.flatten(n.avgpool(x), 1))
 
 
-def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype, no_dropout: bool = False) -> Workload:
+def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype, no_dropout: bool = False, *,
+          batch: tuple[int, int] | None = None, config: dict | None = None) -> Workload:
     """The model ``name`` at the benchmark's size (or ``tiny``), seeded, with its inputs
-    (``no_dropout``: GPT-2 with all its dropout probabilities set to 0)."""
+    (``no_dropout``: GPT-2 with all its dropout probabilities set to 0). For the HF models,
+    ``batch`` = (batch, sequence) replaces the benchmark's input shape and ``config`` adds
+    keyword arguments to the model's config (``long_context.py``: batch 1, longer positions)."""
     torch.manual_seed(0)
     gen = torch.Generator(device).manual_seed(1)
     with torch.device(device):
@@ -169,17 +172,17 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype, no_dr
                       dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024))
                 if no_dropout:
                     kw.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-                cfg = transformers.GPT2Config(**kw, attn_implementation="sdpa")
+                cfg = transformers.GPT2Config(**{**kw, **(config or {})}, attn_implementation="sdpa")
                 model = transformers.GPT2LMHeadModel(cfg)
-                (batch, seq), dropout = (2, 64) if tiny else (8, 1024), cfg.resid_pdrop
+                (batch, seq), dropout = batch or ((2, 64) if tiny else (8, 1024)), cfg.resid_pdrop
             else:
                 kw = (dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, vocab_size=512) if tiny else
                       dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
                            num_attention_heads=16, num_key_value_heads=4, vocab_size=32000))
-                cfg = transformers.LlamaConfig(**kw, attn_implementation="sdpa")
+                cfg = transformers.LlamaConfig(**{**kw, **(config or {})}, attn_implementation="sdpa")
                 model = transformers.LlamaForCausalLM(cfg)
-                (batch, seq), dropout = (2, 64) if tiny else (8, 2048), cfg.attention_dropout
+                (batch, seq), dropout = batch or ((2, 64) if tiny else (8, 2048)), cfg.attention_dropout
             ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, device=device)
             inputs, loss, ckpt = {"ids": ids}, _hf_loss, _hf_ckpt
             info = {"library": f"transformers {transformers.__version__}", "batch": [batch, seq],
@@ -215,29 +218,32 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype, no_dr
 # Strategies
 
 
-def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None) -> tuple[Callable, Any]:
+def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, compile_kw: dict | None = None,
+         remat_kw: dict | None = None) -> tuple[Callable, Any]:
     """(what to call, a context the whole strategy runs in) for strategy ``name`` on ``model``
-    (a fresh copy the strategy may change)."""
+    (a fresh copy the strategy may change). ``compile_kw`` goes to ``torch.compile`` and
+    ``remat_kw`` to ``remat.checkpoint`` (``long_context.py``: backends, ``dynamic``, a budget)."""
     nothing = contextlib.nullcontext()
+    ck, rk = compile_kw or {}, remat_kw or {}
     if name == "eager":
         return model, nothing
     if name == "eager+ckpt":
         return wl.with_ckpt(model), nothing
     if name == "compile":
-        return torch.compile(model), nothing
+        return torch.compile(model, **ck), nothing
     if name == "compile b0.5":
-        return torch.compile(model), torch._functorch.config.patch(activation_memory_budget=0.5)
+        return torch.compile(model, **ck), torch._functorch.config.patch(activation_memory_budget=0.5)
     if name == "compile+ckpt":
-        return torch.compile(wl.with_ckpt(model)), nothing
+        return torch.compile(wl.with_ckpt(model), **ck), nothing
     if name == "remat":
-        return remat.checkpoint(model), nothing
+        return remat.checkpoint(model, **rk), nothing
     if name.startswith("remat b"):
-        return remat.checkpoint(model, budget=float(name[len("remat b"):])), nothing
+        return remat.checkpoint(model, **{"budget": float(name[len("remat b"):]), **rk}), nothing
     if name == "remat @ckpt peak":
         if not ckpt_peak:
             raise NoAnchor("needs compile+ckpt's measured peak: measure compile+ckpt in this run (before this "
                            "strategy) or run --anchors on a GPU first")
-        return remat.checkpoint(model, budget=int(ckpt_peak)), nothing
+        return remat.checkpoint(model, **{"budget": int(ckpt_peak), **rk}), nothing
     raise ValueError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
 
 

@@ -7,7 +7,9 @@ A table lives between ``<!-- render: NAME -->`` and ``<!-- /render -->`` in a Ma
 NAME is one of ``TABLES``. Each number in those tables has one home: the JSON file named in
 the table's caption, written by the benchmark that measured it (``bench.py --out``,
 ``peak_check.py --out``). Edit the JSON's producer, not the table. The real-model section and its
-frontier plots come from ``render_real_models.py``, which picks the newest real-models run itself.
+frontier plots come from ``render_real_models.py``, which picks the newest real-models run itself;
+the long-context section and its plot from ``render_long_context.py`` (the newest
+``long-context-*.json``, or a line saying there is none yet).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 import sys
 from collections.abc import Callable
 
+import render_long_context
 import render_real_models
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -248,6 +251,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
     "distributed-h200": distributed_h200, "attention-dropout": attention_dropout,
     "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
+    "long-context": render_long_context.section,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(new)
-    for fig in render_real_models.figures():  # rewritten only when their data or drawing changed
+    for fig in [*render_real_models.figures(), *render_long_context.figures()]:  # rewritten only when stale
         if render_real_models.png_comment(fig.path) != fig.digest:
             stale.append(fig.path)
             if not args.check:
