@@ -98,8 +98,11 @@ def target_line(doc: dict) -> str:
     """Each remat strategy against compile+ckpt: length, and tokens/s at compile+ckpt's length."""
     base_name, names = TARGET
     base = doc["strategies"].get(base_name)
-    if not base or not base.get("complete") or not base.get("longest"):
+    if not base or not base.get("longest"):
         return f"The target (remat reaches {base_name}'s length at no lower tokens/s) needs {base_name} measured."
+    if not base.get("complete"):
+        return (f"The target (remat reaches {base_name}'s length at no lower tokens/s) is not settled: "
+                f"{base_name}'s search did not finish; " + _same_length(doc, base_name, base, names))
     n0 = base["longest"]
     b = _probe_at(base, n0)
     out = []
@@ -122,6 +125,19 @@ def target_line(doc: dict) -> str:
     if not out:
         return f"No remat strategy was measured beside {base_name}."
     return f"Against {base_name} (at least its length, at no lower tokens/s at its length): " + "; ".join(out) + "."
+
+
+def _same_length(doc: dict, base_name: str, base: dict, names: tuple[str, ...]) -> str:
+    """Tokens/s of each remat strategy against ``base`` at ``base``'s longest trained length."""
+    n0 = base["longest"]
+    b = _probe_at(base, n0)
+    out = []
+    for name in names:
+        mine = _probe_at(doc["strategies"].get(name) or {}, n0)
+        if mine and b and b.get("tokens_per_s") and mine.get("tokens_per_s"):
+            out.append(f"at {n0} tokens, where both trained, {name} ran {mine['tokens_per_s']:.0f} against "
+                       f"{b['tokens_per_s']:.0f} tokens/s ({mine['tokens_per_s'] / b['tokens_per_s']:.3f}x)")
+    return ("; ".join(out) + ".") if out else f"no remat strategy trained at {base_name}'s longest length, {n0}."
 
 
 def caption(doc: dict, name: str) -> str:
