@@ -13,13 +13,13 @@ torch and no matplotlib; only drawing needs matplotlib.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import pathlib
 import shlex
-from collections.abc import Callable
-from dataclasses import dataclass
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository: `benchmarks` as a package
+from benchmarks.render_real_models import Figure, plot_digest  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 RUN_GLOB = "long-context-*.json"
@@ -190,10 +190,7 @@ def points(doc: dict) -> dict:
 
 
 def digest(data: dict) -> str:
-    """What a plot is drawn from: the code that chooses and draws its points, and the points."""
-    h = hashlib.sha256((inspect.getsource(points) + inspect.getsource(draw)).encode())
-    h.update(json.dumps(data, sort_keys=True).encode())
-    return "remat-render " + h.hexdigest()[:32]
+    return plot_digest(data, points, draw)
 
 
 def draw(data: dict, title: str, path: pathlib.Path) -> None:
@@ -222,13 +219,6 @@ def draw(data: dict, title: str, path: pathlib.Path) -> None:
 
 def title(doc: dict) -> str:
     return f"HF Llama, batch 1, under {doc['cap']}\n{doc['device']}, torch {doc['torch']}, {doc['date']}"
-
-
-@dataclass(frozen=True)
-class Figure:
-    path: pathlib.Path
-    digest: str
-    write: Callable[[], None]
 
 
 def figures(folder: pathlib.Path = HERE) -> list[Figure]:

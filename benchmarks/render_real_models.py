@@ -256,11 +256,15 @@ def points(items: list[Entry], model: str) -> dict:
     return {"model": model, "remat": remat, "other": [pt(e) for e in mine if not e.row["strategy"].startswith("remat")]}
 
 
-def digest(data: dict) -> str:
+def plot_digest(data: dict, *code: Callable) -> str:
     """What a plot is drawn from: the code that chooses and draws its points, and the points."""
-    h = hashlib.sha256((inspect.getsource(points) + inspect.getsource(draw)).encode())
+    h = hashlib.sha256("".join(inspect.getsource(f) for f in code).encode())
     h.update(json.dumps(data, sort_keys=True).encode())
     return "remat-render " + h.hexdigest()[:32]
+
+
+def digest(data: dict) -> str:
+    return plot_digest(data, points, draw)
 
 
 def draw(data: dict, title: str, path: pathlib.Path) -> None:
