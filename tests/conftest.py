@@ -1,4 +1,8 @@
 import copy
+import faulthandler
+import hashlib
+import os
+import sys
 
 import pytest
 import torch
@@ -9,6 +13,44 @@ import torch._dynamo
 def _fresh_dynamo():
     torch._dynamo.reset()
     yield
+
+
+_STDERR_FD = pytest.StashKey[int]()
+
+
+def pytest_configure(config):
+    # pytest captures fd 2 only while tests run; a copy taken now still writes to the terminal
+    # (or, under pytest-xdist, to the controller's stderr) when the process dies in a test.
+    config.stash[_STDERR_FD] = os.dup(sys.stderr.fileno())
+
+
+def pytest_unconfigure(config):
+    os.close(config.stash[_STDERR_FD])
+
+
+@pytest.fixture
+def hang_watchdog(request, tmp_path_factory):
+    """Ends this process, every thread's stack written to the stderr pytest had before it
+    captured output, if the test outlives ``WATCHDOG_S`` of its module: a hang fails instead of
+    waiting forever. ``faulthandler``'s thread needs no GIL, so it fires even when the test
+    waits in C++ holding the GIL. Under pytest-xdist the test is then reported as crashing its
+    worker, and xdist gives it to a fresh worker (``--dist loadgroup`` queues a crashed group
+    again): a mark left in the session's base temporary directory makes it fail there at once
+    instead of waiting its time out again."""
+    mark = None
+    if hasattr(request.config, "workerinput"):  # a pytest-xdist worker: the parent is the session's
+        marks = tmp_path_factory.getbasetemp().parent / "hang-watchdog"
+        marks.mkdir(exist_ok=True)
+        mark = marks / hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]
+        if mark.exists():
+            pytest.fail(f"not run again: {request.node.nodeid} ended an earlier worker (it ran past "
+                        f"{request.module.WATCHDOG_S} s, or crashed)", pytrace=False)
+        mark.write_text(request.node.nodeid)
+    faulthandler.dump_traceback_later(request.module.WATCHDOG_S, exit=True, file=request.config.stash[_STDERR_FD])
+    yield
+    faulthandler.cancel_dump_traceback_later()
+    if mark is not None:
+        mark.unlink()
 
 
 def train_step(model, *inputs, loss_fn=None, steps=1, lr=0.0):

@@ -1,10 +1,33 @@
 """remat under torch.distributed: DDP and FSDP2 compositions on CPU with gloo, 2 processes.
 
-Each test marked ``slow`` spawns two ranks (``torch.multiprocessing.spawn``, a free port chosen at runtime) that
+Each test marked ``slow`` spawns two ranks (``torch.multiprocessing.spawn``) that
 train a 3-block MLP for two optimizer steps on halves of one global batch; the parent trains the
 same model in one process with eager autograd on the whole batch, and the gradients of the
 second step and the parameters after it must match up to float32 rounding. The ranks also
 all-gather their plans' fingerprints (``remat.distributed.fingerprint``), which must be equal.
+
+Note [No hang in the distributed tests]: these tests once hung the whole suite (every xdist
+worker waiting on a futex, load 0). The cause, caught by py-spy in a loop that builds a one-rank
+gloo group and a DDP module and tears them down as the one-rank tests did: when the DDP module
+outlived ``destroy_process_group``, its ``Reducer`` held the last reference to the gloo process
+group, and freeing the module ran ``~ProcessGroupGloo`` from the Reducer's pybind deallocator
+with the GIL held; that destructor joins gloo's worker threads, and a worker still destroying
+its last allreduce's ``AsyncWork`` needed the GIL (``~ThreadLocalState`` decrefs a Python
+object): a deadlock, whenever the worker thread had not finished before the main thread got
+there (likelier on a loaded machine). So:
+
+- a DDP module never outlives its process group: ``_process_group`` frees the DDP modules
+  built in it (``gc.collect``, and the frames of an exception) and checks that none is left
+  before it destroys the group, in the spawned ranks and in the one-rank tests, which build
+  their DDP module in a function (``_one_rank_group``) and check that no gloo thread survives
+  ``destroy_process_group``;
+- a hang that remains becomes a failure: spawned ranks are joined with a deadline (their
+  stacks are dumped, then they are killed), and each test runs under a ``faulthandler``
+  watchdog (``hang_watchdog`` in conftest.py) that dumps every thread's stack and ends the
+  process (xdist reports the test's worker as crashed) if the test outlives ``WATCHDOG_S``;
+- ranks meet through a ``TCPStore`` that rank 0 opens on a port the kernel picks (port 0) and
+  publishes in a file, not on a port chosen in advance that another process could take first;
+  the parent's environment is never changed (the ranks get theirs as an argument).
 """
 
 from __future__ import annotations
@@ -12,9 +35,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import faulthandler
+import gc
 import os
-import socket
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,11 +59,21 @@ from remat.distributed import fingerprint
 pytestmark = [
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                        reason="needs torch.distributed with gloo"),
-    # One worker runs them all, one at a time (pytest-xdist --dist loadgroup): a one-rank gloo
-    # group in one worker while another worker's spawned ranks connect hung once in the suite
-    # (the one-rank test waited on a futex for ten minutes; alone, and with one worker, it passes).
+    # One worker runs them all, one at a time (pytest-xdist --dist loadgroup): two ranks at a time
+    # are enough for a 2-core machine. (The group was made when the hang of Note [No hang in the
+    # distributed tests] was blamed on two workers' process groups meeting; the deadlock found
+    # later needs only one process.)
     pytest.mark.xdist_group("distributed"),
+    pytest.mark.usefixtures("hang_watchdog"),  # WATCHDOG_S
 ]
+
+SPAWN_TIMEOUT_S = 300
+"""Longest a spawned test's ranks may run (a few seconds to a minute each, on a loaded 2-core
+machine): past it their stacks are dumped and they are killed, and the test fails."""
+WATCHDOG_S = 900
+"""Longest any test of this file may take before ``faulthandler`` dumps every thread's stack and
+ends the pytest process (the ``hang_watchdog`` fixture in conftest.py)."""
+PG_TIMEOUT = datetime.timedelta(seconds=60)
 
 WORLD = 2
 D = 256
@@ -137,40 +177,91 @@ COMPOSITIONS = {f.__name__: f for f in (ddp_outer, ddp_inner, fsdp_per_block, fs
 # --- spawning ----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _store(rank: int, out: Path) -> dist.Store:
+    """Rank 0 opens a ``TCPStore`` on a port the kernel picks and writes it to ``out/port``
+    (atomically, through a rename); the other ranks read it there and connect."""
+    port_file = out / "port"
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, timeout=PG_TIMEOUT, wait_for_workers=False)
+        (out / "port.tmp").write_text(str(store.port))
+        os.replace(out / "port.tmp", port_file)
+        return store
+    deadline = time.monotonic() + PG_TIMEOUT.total_seconds()
+    while not port_file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 did not publish its store's port in {port_file}")
+        time.sleep(0.05)
+    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), WORLD, is_master=False, timeout=PG_TIMEOUT)
 
 
-def _worker(rank: int, port: int, out: str, case: str, arg: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _worker(rank: int, out: str, case: str, arg: str, env: dict[str, str]) -> None:
+    # A rank whose parent gave up on it (or died) must not linger: dump its stacks and exit.
+    faulthandler.dump_traceback_later(SPAWN_TIMEOUT_S + 60, exit=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for stacks before a kill
+    (Path(out) / f"rank{rank}.started").touch()  # SIGUSR1 dumps stacks from now on (it ended the process before)
+    os.environ.update(env)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        result = CASES[case](rank, arg)
-        torch.save(result, Path(out) / f"rank{rank}.pt")
+    with _process_group(store=_store(rank, Path(out)), rank=rank, world_size=WORLD):
+        torch.save(CASES[case](rank, arg), Path(out) / f"rank{rank}.pt")
         dist.barrier()  # rank 0 hosts the store: it must outlive every rank's last use of it
-    finally:
-        dist.destroy_process_group()
 
 
 def spawn(tmp_path: Path, case: str, arg: str = "", env: dict[str, str] | None = None) -> list[dict]:
-    """Run ``CASES[case](rank, arg)`` on two gloo ranks; each returns a dict, loaded here."""
+    """Run ``CASES[case](rank, arg)`` on two gloo ranks (processes, with ``env`` added to their
+    environment); each returns a dict, loaded here. Ranks still running after
+    ``SPAWN_TIMEOUT_S`` have their stacks dumped (to this test's captured stderr) and are
+    killed, and the test fails."""
     import torch.multiprocessing as mp
 
-    old = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
+    ctx = mp.start_processes(_worker, args=(str(tmp_path), case, arg, dict(env or {})), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
     try:
-        mp.spawn(_worker, args=(_free_port(), str(tmp_path), case, arg), nprocs=WORLD, join=True)
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+                dumped = [r for r in alive if (tmp_path / f"rank{r}.started").exists()]
+                for r in dumped:
+                    os.kill(ctx.processes[r].pid, signal.SIGUSR1)
+                time.sleep(2)  # let faulthandler write the stacks
+                pytest.fail(f"{case}({arg!r}): ranks {alive} still running after {SPAWN_TIMEOUT_S} s; killed "
+                            f"(the stacks of ranks {dumped} are in the captured stderr)", pytrace=False)
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _free_distributed_modules() -> None:
+    """Free what Dynamo and reference cycles keep (remat's wrapper of a DDP module refers to
+    itself), then check that no DDP module is left: its Reducer would free the process group
+    later (Note [No hang in the distributed tests])."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    gc.collect()
+    left = [o for o in gc.get_objects() if issubclass(type(o), DDP)]  # not isinstance: no o.__class__ lookups
+    assert not left, f"{len(left)} DDP module(s) still referenced, by {gc.get_referrers(*left)!r:.2000}"
+
+
+@contextlib.contextmanager
+def _process_group(**init: Any) -> Iterator[None]:
+    """A gloo process group for the ``with`` block; on the way out, also when the block raised,
+    the DDP modules it built are freed (and checked gone) before the group is destroyed: a
+    Reducer must never hold the group's last reference (Note [No hang in the distributed tests])."""
+    dist.init_process_group("gloo", timeout=PG_TIMEOUT, **init)
+    try:
+        yield
+    except BaseException as e:
+        traceback.clear_frames(e.__traceback__)  # the finished frames' locals may hold a DDP module
+        raise
+    finally:
+        try:
+            _free_distributed_modules()
+        finally:
+            dist.destroy_process_group()
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -383,6 +474,18 @@ def test_rank_check_can_be_turned_off(tmp_path):
     assert results[0]["fingerprint"] != results[1]["fingerprint"]
 
 
+@pytest.mark.slow
+def test_ranks_past_the_deadline_are_killed_and_the_test_fails(tmp_path, monkeypatch):
+    """Ranks that outlive ``SPAWN_TIMEOUT_S`` fail the test instead of making it wait forever
+    (Note [No hang in the distributed tests]); here the deadline passes while they start."""
+    import multiprocessing
+
+    monkeypatch.setitem(globals(), "SPAWN_TIMEOUT_S", 1)
+    with pytest.raises(pytest.fail.Exception, match=r"allreduce\(''\): ranks \[0, 1\] still running after 1 s"):
+        spawn(tmp_path, "allreduce")
+    assert not multiprocessing.active_children()
+
+
 # --- one process: fingerprints, and torch.compile over a remat-wrapped module ------------------------
 
 
@@ -427,16 +530,31 @@ def test_torch_compile_over_remat_raises_naming_the_supported_order():
 # --- one process, one rank: DDP's bucket pieces keep what the whole graph's plan keeps -----------------
 
 
-@contextlib.contextmanager
-def _one_rank_group():
-    """A gloo process group of one rank in this process (DDP and Dynamo's bucket split need one)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))  # fail, never hang
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+def _gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (Linux; empty elsewhere)."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    if not tasks.is_dir():
+        return []
+    names = []
+    for t in tasks.iterdir():
+        with contextlib.suppress(OSError):
+            if "gloo" in (name := (t / "comm").read_text().strip()):
+                names.append(name)
+    return names
 
+
+def _one_rank_group(step: Callable[[], tuple[nn.Module, Any]]) -> Any:
+    """``step()`` in a gloo process group of one rank in this process (DDP and Dynamo's bucket
+    split need one). ``step`` returns the DDP module it built and its results; the module is
+    freed while the group is registered, and no gloo thread may survive the group
+    (Note [No hang in the distributed tests])."""
+    assert not _gloo_threads(), f"gloo threads left by an earlier test: {_gloo_threads()}"
+    with _process_group(store=dist.HashStore(), rank=0, world_size=1):
+        module, results = step()
+        module = weakref.ref(module)  # the group's exit frees the module
+    assert module() is None
+    assert not _gloo_threads(), f"gloo threads outlived destroy_process_group: {_gloo_threads()}"
+    return results
 
 
 @pytest.mark.parametrize("order", ["ddp_inner", "ddp_outer"])
@@ -451,11 +569,14 @@ def test_ddp_bucket_pieces_keep_what_the_whole_plan_keeps(order):
     m = fresh_model()
     x = global_batch()
     whole = remat.explain(remat.checkpoint(m, backend="eager"), x)
-    with _one_rank_group():
+
+    def step():
         wrapped = COMPOSITIONS[order](m, "eager")
         saved, y = saved_storage_bytes(lambda: wrapped(x), m)
         loss_of(y).backward()
-        pieces = remat.compiled_plans(wrapped)
+        return wrapped, (saved, remat.compiled_plans(wrapped))
+
+    saved, pieces = _one_rank_group(step)
     assert whole.graphs == 1 and len(pieces) > 1
     assert saved == whole.saved_bytes
     assert sum(p.saved_bytes for p in pieces) == whole.saved_bytes  # and each byte is in one piece's plan
@@ -486,11 +607,14 @@ def test_ddp_split_cost_of_hf_llama_is_under_a_tenth_of_the_saving(rotary_no_gra
     m = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
     ids = torch.randint(0, 1024, (2, 64), generator=torch.Generator().manual_seed(1))
     whole = remat.explain(remat.checkpoint(m, backend="eager"), input_ids=ids, labels=ids)
-    with _one_rank_group():
+
+    def step():
         wrapped = DDP(remat.checkpoint(m, backend="eager"), bucket_cap_mb=1)
         saved, loss = saved_storage_bytes(lambda: wrapped(input_ids=ids, labels=ids).loss, m)
         loss.backward()
-        pieces = remat.compiled_plans(wrapped)
+        return wrapped, (saved, remat.compiled_plans(wrapped))
+
+    saved, pieces = _one_rank_group(step)
     assert whole.graphs == 1 and len(pieces) > 1
     saving = whole.eager_saved_bytes - whole.saved_bytes
     assert 0 <= saved - whole.saved_bytes < saving / 10
@@ -499,7 +623,11 @@ def test_ddp_split_cost_of_hf_llama_is_under_a_tenth_of_the_saving(rotary_no_gra
 def test_ddp_split_respects_optimize_ddp_false():
     """A user who turns Dynamo's DDP split off gets one graph, as with torch.compile."""
     m = fresh_model()
-    with _one_rank_group(), torch._dynamo.config.patch(optimize_ddp=False):
-        wrapped = COMPOSITIONS["ddp_inner"](m, "eager")
-        loss_of(wrapped(global_batch())).backward()
-        assert len(remat.compiled_plans(wrapped)) == 1
+
+    def step():
+        with torch._dynamo.config.patch(optimize_ddp=False):
+            wrapped = COMPOSITIONS["ddp_inner"](m, "eager")
+            loss_of(wrapped(global_batch())).backward()
+            return wrapped, remat.compiled_plans(wrapped)
+
+    assert len(_one_rank_group(step)) == 1
