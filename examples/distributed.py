@@ -12,6 +12,7 @@ same plans, and the peak memory of a step (CUDA ``max_memory_allocated``; n/a on
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import torch
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         agree = all(fps == every[0] for fps in every)
         print(f"\nevery rank chose the same plans: {agree} ({len(mine)} graphs)")
         print(f"peak memory of a step (rank 0): {format_bytes(peak) if peak is not None else 'n/a on CPU'}")
+    del model, opt, plans
+    gc.collect()  # free the wrapped modules before their process group (README: Tearing down)
     dist.destroy_process_group()
 
 
