@@ -118,11 +118,11 @@ def _distributed() -> bool:
 
 def _world() -> tuple[int, int] | None:
     """(rank, world size) when a process group of more than one rank is initialised."""
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - torch built without distributed
+    if not _distributed():
         return None
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+    import torch.distributed as dist
+
+    if dist.get_world_size() < 2:
         return None
     return dist.get_rank(), dist.get_world_size()
 

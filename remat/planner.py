@@ -224,7 +224,8 @@ def plan_joint_graph(
     that will lower the graph (by default ``options.backend``'s); ``ends_at_break``: see
     ``remat.graph.analyze``; ``known_peaks``: see ``choose``."""
     gm.graph.eliminate_dead_code()
-    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model,  # op by op
+    dev = options.device_model or device_model_for(gm)
+    eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, dev,  # op by op
                           backend_for("eager"), eager_kernels=True, ends_at_break=ends_at_break)
     eager = EagerBaseline(
         saved_bytes=sum(eager_graph.cost[i] for i in eager_graph.eager_saved),
@@ -232,13 +233,13 @@ def plan_joint_graph(
     )
     cse(gm)
     backend = backend or backend_for(options.backend)
-    jg = analyze(gm, num_fwd_outputs, static_input_indices, options.device_model, backend,
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, dev, backend,
                  ends_at_break=ends_at_break)
     eager = dataclasses.replace(eager, floor_bytes=floor_bytes(jg.schedule))
     no_recompute, no_save, reasons = _decisions(jg, options, backend)
     problem = jg.problem(no_recompute, no_save, recompute_cost=jg.recompute_seconds)
     try:
-        sol = solve(problem, traffic_weight(options.device_model or device_model_for(gm)))
+        sol = solve(problem, traffic_weight(dev))
     except ConflictError as e:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("remat: the cut failed; its flow network:\n%s", describe(problem, e.chain))

@@ -275,7 +275,7 @@ def _cut(p: Problem, weight: float | None, cuts: WeightedCuts | None = None, tim
 
 def solve(p: Problem, time_weight: float = 0.0) -> Solution:
     """The cheapest valid plan in bytes, plus ``time_weight`` bytes per second of recompute
-    (``p.recompute_cost``), ties broken as in Note [Node-split flow network]. Raises
+    (``p.recompute_cost``), ties broken by the tie terms (module docstring). Raises
     ConflictError when every plan is infinite."""
     return _cut(p, None, time_weight=time_weight)
 
@@ -305,8 +305,8 @@ def brute_force(p: Problem) -> int | None:
 
 
 def describe(p: Problem, chain: list[tuple[int, str]] | None = None) -> str:
-    """The flow network of ``p`` as text, one edge a line, in the construction's order (see Note
-    [Node-split flow network]): ``source -> mul_3.in  inf  cannot be recomputed: matmul``.
+    """The flow network of ``p`` as text, one edge a line, in the construction's order (the module
+    docstring): ``source -> mul_3.in  inf  cannot be recomputed: matmul``.
     Capacities are the bytes of saving a value (the tie-break terms are left out). With
     ``chain`` (a ``ConflictError``'s), the conflict's values are listed last. For debugging."""
     lines = [f"flow network: {p.n} values, {len(p.needed)} read by the backward; "
