@@ -89,6 +89,13 @@ to overrun (the longest fit's step time scaled by the square of the length, plus
 probe for remat @cap), and a SIGALRM (``real_models.StrategyTimeout``) stops a strategy that
 overruns by more than a grace period. A search stopped early reports its bracket.
 
+Splitting the table over runs. ``--start`` sets the first length of every strategy but remat
+@cap (a search that starts near its answer skips the short probes and, for the compiled ones, a
+compile); ``--reuse FILE`` copies into this run's JSON the strategies of an earlier run (same GPU,
+torch, cap and model) that ``--strategies`` leaves out, each noted with the file and date it comes
+from, so one JSON holds the whole table; remat @cap's default start then reads compile+ckpt's
+length from whichever run measured it.
+
 ``--tiny``: a tiny Llama in fp32 on the CPU (``real_models.build("llama", tiny=True)``) with an
 emulated cap: there is no allocator cap on the CPU, so a probe fails when its measured step peak
 (``remat.compat.measure_cpu_peak_bytes``: storages allocated during the step, weights excluded)
@@ -641,6 +648,35 @@ def header(args: argparse.Namespace, argv: list[str], device: torch.device, dtyp
             "notes": [], "strategies": {}}
 
 
+def reuse(doc: dict, path: str, names: list[str]) -> None:
+    """Copy into ``doc`` the strategies of the earlier run at ``path`` that this run does not
+    measure (``--reuse``), each noted with the run it comes from, in ``STRATEGIES`` order; refuse a
+    run of another device, torch, cap or model."""
+    with open(path) as f:
+        old = json.load(f)
+    keys = ("device", "torch", "cap_bytes", "granularity", "config", "dtype")
+    differ = [k for k in keys if old.get(k) != doc.get(k) and not (k == "config" and _same_model(old, doc))]
+    if differ:
+        raise SystemExit(f"--reuse {path}: that run differs from this one in {', '.join(differ)}")
+    src = f"from {os.path.basename(path)} ({old.get('date')})"
+    doc["reused"] = {"file": os.path.basename(path), "date": old.get("date"), "argv": old.get("argv"),
+                     "strategies": [n for n in old.get("strategies", {}) if n not in names]}
+    for name in STRATEGIES:
+        if name in old.get("strategies", {}) and name not in names:
+            res = copy.deepcopy(old["strategies"][name])
+            res["notes"] = [src] + res.get("notes", [])
+            res["reused_from"] = os.path.basename(path)
+            doc["strategies"][name] = res
+
+
+def _same_model(a: dict, b: dict) -> bool:
+    """The same model, whatever the position table's length (``--max-seq``)."""
+    ca, cb = dict(a.get("config", {})), dict(b.get("config", {}))
+    ca.pop("max_position_embeddings", None)
+    cb.pop("max_position_embeddings", None)
+    return ca == cb
+
+
 def write_report(doc: dict, out: str, tag: str) -> None:
     text = rlc.markdown(doc, f"{tag}.json")
     print(text)
@@ -665,6 +701,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-margin", default="auto", help="remat @cap: 'auto' or a fraction of the cap")
     p.add_argument("--cap-start", type=int, default=None,
                    help="remat @cap's first length (default: the longest an earlier strategy reached)")
+    p.add_argument("--start", type=int, default=None,
+                   help="the other strategies' first length (default: the granularity)")
+    p.add_argument("--reuse", default=None,
+                   help="an earlier run's JSON: its strategies that --strategies leaves out are copied in")
     p.add_argument("--cap-shapes", choices=("dynamic", "static"), default="dynamic",
                    help="remat @cap, compiled per probe: sequence dimension marked dynamic, or static shapes")
     p.add_argument("--compile-backend", default=None, help="torch.compile's backend (inductor; tiny aot_eager)")
@@ -704,6 +744,8 @@ def main(argv: list[str] | None = None) -> dict:
             json.dump(doc, f, indent=1)
 
     names = [n for n in STRATEGIES if n in args.strategies]
+    if args.reuse:
+        reuse(doc, args.reuse, names)
     bar = tqdm(total=len(names), desc="long context")
     slowest = 0.0
     for i, name in enumerate(names):
@@ -717,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict:
             bar.update(1)
             save()
             continue
-        start, margin = args.granularity, 0
+        start, margin = args.start or args.granularity, 0
         if name == CAP:
             start = args.cap_start or cap_start(doc["strategies"], args.granularity)
             margin, how = margin_for(doc["strategies"], cap_bytes, args.budget_margin, device)
@@ -733,6 +775,7 @@ def main(argv: list[str] | None = None) -> dict:
         bar.update(1)
         save()
     bar.close()
+    doc["strategies"] = {n: doc["strategies"][n] for n in STRATEGIES if n in doc["strategies"]}
     doc["wall_s"] = time.monotonic() - t_start
     save()
     write_report(doc, args.out, args.tag)

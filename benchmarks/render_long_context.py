@@ -154,6 +154,10 @@ def markdown(doc: dict, name: str = "") -> str:
     lines = [caption(doc, name or "(this run)"), ""] + table(doc) + ["", target_line(doc), ""]
     lines.append(f"Run: `python benchmarks/long_context.py {shlex.join(doc.get('argv') or [])}` (search: "
                  f"{doc['search']}; {doc['warmup']} warm-up step and up to {doc['iters']} timed steps per probe).")
+    if doc.get("reused"):
+        r = doc["reused"]
+        lines.append(f"Rows noted \"from {r['file']}\" ({', '.join(r['strategies'])}) were measured by "
+                     f"`python benchmarks/long_context.py {shlex.join(r.get('argv') or [])}` on {r['date']}.")
     lines += [f"\n{n}" for n in doc.get("notes", [])]
     return "\n".join(lines)
 

@@ -147,3 +147,28 @@ def test_table_shows_what_bounds_a_search_that_did_not_finish():
     line = rlc.target_line(doc)
     assert "is not settled: compile+ckpt's search did not finish" in line
     assert "no remat strategy trained at compile+ckpt's longest length, 65536." in line
+
+
+@pytest.mark.slow
+def test_a_run_can_reuse_an_earlier_runs_strategies_and_start_late(tmp_path):
+    """``--reuse``: the strategies the second run leaves out come from the first, noted, in the
+    table's order; ``--start``: the second run's search begins at that length."""
+    out = tmp_path / "out"
+    common = ["--tiny", "--cap-mib", "3", "--max-seq", "1024", "--timing-s", "0.2", "--out", str(out)]
+    first = lc.main(common + ["--strategies", "remat", "--tag", "first"])
+    second = lc.main(common + ["--strategies", "eager", "--start", "512", "--reuse", str(out / "first.json"),
+                               "--tag", "second"])
+    assert list(second["strategies"]) == ["eager", "remat"], "in the table's order"
+    assert second["strategies"]["eager"]["probes"][0]["seq"] == 512
+    reused = second["strategies"]["remat"]
+    assert reused["longest"] == first["strategies"]["remat"]["longest"] and reused["reused_from"] == "first.json"
+    assert reused["notes"][0].startswith("from first.json (")
+    assert second["reused"]["strategies"] == ["remat"]
+    text = (out / "second.md").read_text()
+    assert "| remat | " in text and 'Rows noted "from first.json" (remat) were measured by' in text
+
+    other = json.loads((out / "first.json").read_text())
+    other["cap_bytes"] += 1
+    (out / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="differs from this one in cap_bytes"):
+        lc.main(common + ["--strategies", "eager", "--reuse", str(out / "other.json"), "--tag", "third"])
