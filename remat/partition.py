@@ -54,13 +54,15 @@ def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
 def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] | None], None],
                       want_frontier: bool = False, backend: Backend | None = None,
                       ends_at_break: bool = False,
-                      known_peaks: dict[tuple[str, ...], int] | None = None) -> Callable[..., Any]:
+                      known_peaks: dict[tuple[str, ...], int] | None = None,
+                      last_compile: bool = False) -> Callable[..., Any]:
     """The partition function for AOTAutograd (and Inductor's partitioner hook). ``sink``
     receives each graph's plan and, with a budget or ``want_frontier``, its frontier. ``backend``
     is the one that lowers the graph (by default ``options.backend``'s); it plans it too.
     ``ends_at_break``: Dynamo ended this graph at a graph break, so its outputs go to the code
     that resumes after it, not to the caller (``remat.graph.analyze``). ``known_peaks``: peaks
-    read from earlier compiles of this graph (``remat.planner.choose``)."""
+    read from earlier compiles of this graph; ``last_compile``: the budget's last compile of it
+    (``remat.planner.choose``'s ``known`` and ``last``)."""
     backend = backend or backend_for(options.backend)
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
@@ -68,7 +70,8 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
         static = list(static_lifetime_input_indices or [])
         try:
             planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier, backend,
-                                       ends_at_break=ends_at_break, known_peaks=known_peaks)
+                                       ends_at_break=ends_at_break, known_peaks=known_peaks,
+                                       last_compile=last_compile)
             jg, saved_ids, plan, frontier = planned.jg, planned.saved_ids, planned.plan, planned.frontier
             joint = planned.gm or joint  # a nested plan splits the graph with its copies (remat.nesting)
             values = [jg.nodes[i] for i in saved_ids]

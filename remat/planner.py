@@ -154,26 +154,30 @@ def plan_key(plan: Plan) -> tuple[str, ...]:
 
 
 def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floor: int = 0,
-           known: dict[tuple[str, ...], int] | None = None) -> Candidate:
-    """The fastest candidate whose predicted peak fits both the budget and the default plan's
-    predicted peak (``candidates[0]``): a budget never buys speed with memory beyond what the
-    default plan uses, so a large budget gives the default plan or a plan at least as small and
-    estimated faster. Ties go to the lower peak. Raises InfeasibleBudgetError if nothing fits,
-    naming the smallest predicted peak (and ``floor``, ``remat.peak.floor_bytes``, when the budget
-    is below it).
+           known: dict[tuple[str, ...], int] | None = None, last: bool = False) -> Candidate:
+    """The default plan (``candidates[0]``) when its peak fits the budget; otherwise the fastest
+    candidate whose peak fits it (ties to the lower peak), whose peak is then below the default
+    plan's. A budget never trades the default plan's memory, or its speed, for an estimate: the
+    estimates that rank candidates of nearly equal predicted peak are not worth the risk that
+    the compiled step misses (Note [Budget re-plan]). Raises InfeasibleBudgetError if nothing
+    fits, naming the smallest predicted peak (and ``floor``, ``remat.peak.floor_bytes``, when the
+    budget is below it).
 
     Monotone: lowering the budget only removes candidates, so the chosen peak never rises and
     the estimated recompute time never falls.
 
     ``known``: peaks read from compiled candidates (``plan_key`` -> bytes; the budget's re-plan in
-    ``remat.capture``), used instead of their predictions."""
+    ``remat.capture``), used instead of their predictions. ``last``: the re-plan's last compile,
+    which takes the fitting candidate of the smallest peak, the one with the most room for its
+    compiled peak to exceed its prediction."""
     known = known or {}
 
     def peak(c: Candidate) -> int:
         return known.get(plan_key(c.plan), c.peak)
 
-    cap = min(budget_bytes, peak(candidates[0]))
-    fitting = [c for c in candidates if peak(c) <= cap]
+    if peak(candidates[0]) <= budget_bytes:
+        return candidates[0]
+    fitting = [c for c in candidates if peak(c) <= budget_bytes]
     if not fitting:
         best = min(peak(c) for c in candidates)
         why = ""
@@ -188,6 +192,8 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
             f"{format_bytes(eager_peak)}){'; ' + why if why else ''}. Raise the budget to at least "
             f"{format_bytes(best)}, or use remat.pareto(model, *inputs) to see every trade-off."
         )
+    if last:
+        return min(fitting, key=lambda c: (peak(c), c.time, c.saved_bytes))
     return min(fitting, key=lambda c: (c.time, peak(c), c.saved_bytes))
 
 
@@ -217,12 +223,13 @@ class Planned:
 def plan_joint_graph(
     gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
     want_frontier: bool = False, backend: Backend | None = None, ends_at_break: bool = False,
-    known_peaks: dict[tuple[str, ...], int] | None = None,
+    known_peaks: dict[tuple[str, ...], int] | None = None, last_compile: bool = False,
 ) -> Planned:
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
     (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
     that will lower the graph (by default ``options.backend``'s); ``ends_at_break``: see
-    ``remat.graph.analyze``; ``known_peaks``: see ``choose``."""
+    ``remat.graph.analyze``; ``known_peaks``, ``last_compile``: ``choose``'s ``known``
+    and ``last``."""
     gm.graph.eliminate_dead_code()
     dev = options.device_model or device_model_for(gm)
     eager_graph = analyze(gm, num_fwd_outputs, static_input_indices, dev,  # op by op
@@ -267,7 +274,7 @@ def plan_joint_graph(
     if options.budget is None:
         return Planned(jg, list(sol.saved), plan, frontier)
     limit = options.budget.resolve(eager.peak_bytes)
-    chosen = choose(candidates, limit, eager.peak_bytes, eager.floor_bytes, known_peaks)
+    chosen = choose(candidates, limit, eager.peak_bytes, eager.floor_bytes, known_peaks, last_compile)
     chosen_jg = chosen.jg or jg
     return Planned(chosen_jg, list(chosen.saved), dataclasses.replace(chosen.plan, budget_bytes=limit), frontier,
                    gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)

@@ -215,14 +215,17 @@ def _plan(peak, secs, name):
                 predicted_peak_bytes=peak, recompute_seconds=secs)
 
 
-def test_budget_never_buys_speed_with_more_memory_than_the_default_plan():
+def test_a_budget_the_default_plan_fits_gives_the_default_plan():
     default = Candidate((0,), (), _plan(100, 2.0, "d"), "default")
     bigger_faster = Candidate((1,), (), _plan(150, 0.5, "b"), "hull")
     smaller_faster = Candidate((2,), (), _plan(90, 1.0, "s"), "hull")
     smaller_slower = Candidate((3,), (), _plan(50, 3.0, "t"), "segments")
     cands = [default, bigger_faster, smaller_faster, smaller_slower]
-    assert choose(cands, 10**9, 200) is smaller_faster  # not the faster plan above the default's peak
+    assert choose(cands, 10**9, 200) is default  # the default plan fits: no trade on an estimate
+    assert choose(cands, 100, 200) is default
     assert choose([default, bigger_faster], 10**9, 200) is default
+    assert choose(cands, 99, 200) is smaller_faster  # below the default's peak: the fastest that fits
+    assert choose(cands, 99, 200, last=True) is smaller_slower  # the last compile: the smallest that fits
     assert choose(cands, 89, 200) is smaller_slower
     with pytest.raises(remat.InfeasibleBudgetError, match="smallest predicted peak for this graph is 50 B"):
         choose(cands, 49, 200)

@@ -149,3 +149,48 @@ def test_budget_is_kept_as_measured_after_replanning():
     assert measured <= 1.02 * plan.budget_bytes, (measured, plan.budget_bytes)
     assert any(n.startswith("budget re-plan") for n in plan.notes)
     assert torch.isfinite(loss(rm))
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_a_budget_the_default_plan_fits_keeps_it_in_one_compile_across_a_graph_break():
+    # Dynamo breaks the small GPT-2 before its loss. The budget's re-plan judges the first graph's
+    # read peak before the second graph is compiled: that graph hands its outputs to the next one
+    # (Note [What the caller holds]), so the caller does not hold them; judged as held, the
+    # default plan missed a budget just above its own peak and four compiles ended elsewhere.
+    model, loss = small_models.gpt2()
+    rm = remat.checkpoint(copy.deepcopy(model))
+    loss(rm).backward()
+    first, second = remat.compiled_plans(rm)
+    budget = int(1.01 * max(first.compiled_peak_bytes, first.simulated_peak_bytes, second.predicted_peak_bytes))
+    rb = remat.checkpoint(copy.deepcopy(model), budget=budget)
+    loss(rb).backward()
+    got = remat.compiled_plans(rb)[0]
+    assert not any(n.startswith("budget re-plan") for n in got.notes), got.notes
+    assert [s.name for s in got.saved] == [s.name for s in first.saved]
+    assert got.compiled_peak_bytes == first.compiled_peak_bytes <= budget
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_a_budget_no_compiled_plan_keeps_raises_after_the_last_compile(monkeypatch):
+    # Every compile reads over the budget (the readings are inflated here): the last compile
+    # takes the smallest candidate, and when it misses too the budget is refused, never kept
+    # silently over.
+    from remat import capture
+
+    real = capture.RematBackend._apply_readings
+
+    def inflated(self):
+        real(self)
+        self.plans = [p.with_compiled_peak(10 * p.compiled_peak_bytes)
+                      if p.compiled_peak_bytes else p for p in self.plans]
+
+    monkeypatch.setattr(capture.RematBackend, "_apply_readings", inflated)
+    monkeypatch.setattr(capture, "MAX_COMPILES", 2)
+    model, loss = small_models.llama()
+    rb = remat.checkpoint(copy.deepcopy(model), budget=0.9)
+    miss = r"a plan predicted at .* compiled to .*, over the budget"
+    want = rf"^remat: no plan of this graph compiled under its budget .* in 2 compiles \({miss}; {miss}\).*Raise"
+    with pytest.raises(remat.InfeasibleBudgetError, match=want):
+        loss(rb).backward()
