@@ -150,8 +150,9 @@ def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | No
     ``caller_keeps_outputs`` selects the first. Which one a step follows is known only from the
     graphs: ``Reading.peak_bytes`` takes the second when some graph of the step computes the
     loss (returns a scalar whose gradient flows back), as HF models and the benchmarks' loss
-    functions do; an earlier graph of such a step (before a graph break) hands its outputs to
-    the next graph, which keeps only what it saves."""
+    functions do. A graph Dynamo ended at a graph break hands its outputs to the next graph,
+    which keeps only what it saves, wherever the loss is: ``RematBackend`` reads it as the
+    second caller, also before the next graph is compiled (``remat.capture``)."""
     st = _State()
     for name, _ in fw.inputs:  # exist before the step: not counted
         st.bind(name, ("input", name))
