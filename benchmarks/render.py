@@ -36,6 +36,9 @@ DDP_SPLIT = ("distributed-cpu-split-before.json", "distributed-cpu-split-after.j
 DISTRIBUTED_H200 = ("distributed-h200-ws1.json", "distributed-h200-ws1-llama-ddp.json",
                     "distributed-h200-ws1-llama-fsdp-ckpt.json")  # a later file's rows win
 ATTENTION_DROPOUT = "attention-dropout-h200.json"
+BUDGET_RUNS = ("real-models-h200-vit-budgets.json", "real-models-h200-s8-lm-budgets.json",
+               "real-models-h200-s8-resnet-budgets.json", "real-models-h200-s8-gpt2-budgets.json")
+BUDGET_DEFAULT = "real-models-h200-s7.json"  # the default plans' run of the real-model section
 MIB = 1 << 20
 
 
@@ -246,12 +249,53 @@ def attention_dropout() -> str:
     return "\n".join(lines)
 
 
+def real_model_budgets() -> str:
+    """remat's budgets on the four real models (``BUDGET_RUNS``; a later file's row replaces the
+    same model and strategy of an earlier one): measured against predicted peak, against the
+    budget and against the default plan's measured peak (``BUDGET_DEFAULT``), and time against
+    torch.compile in the row's own run."""
+    rows: dict[tuple[str, str], tuple[dict, dict, str]] = {}
+    for name in BUDGET_RUNS:
+        d = _load(name)
+        for model, md in d["models"].items():
+            comp = next((r for r in md["rows"] if r["strategy"] == "compile" and r.get("ms")), None)
+            for r in md["rows"]:
+                if r["strategy"].startswith("remat ") and r.get("status") != "skipped":
+                    rows[(model, r["strategy"])] = (r, comp or {}, name)
+    defaults = {m: next(r for r in md["rows"] if r["strategy"] == "remat")
+                for m, md in _load(BUDGET_DEFAULT)["models"].items()}
+    order = {m: i for i, m in enumerate(defaults)}
+    lines = _header(["model", "budget", "budget MiB (per graph)", "step ms", "time x compile", "measured MiB",
+                     "predicted MiB", "predicted / measured", "measured / (first) budget", "measured / default's",
+                     "compiles", "file"])
+    for (model, strategy), (r, comp, name) in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1])):
+        head = f"| {model} | {strategy.removeprefix('remat ')} |"
+        if r.get("status") != "ok":
+            why = (r.get("error") or "").split(". Raise")[0].replace("|", "/")
+            lines.append(f"{head} **{r.get('status')}** | {why} | | | | | | | | `{name}` |")
+            continue
+        budgets = [b for b in r.get("budget_mib") or [] if b]
+        pred = r["predicted_peak_mib"]
+        replans = "".join(r["replans"]) if isinstance(r.get("replans"), (list, str)) else ""
+        compiles = replans.split("(")[1].split(" compiles")[0] if "re-plan (" in replans else "1"
+        over = f"{r['peak_mib'] / budgets[0]:.3f}" if budgets else "-"
+        lines.append(f"{head} {' / '.join(f'{b:.0f}' for b in budgets)} | {r['ms']:.2f} | "
+                     f"{r['ms'] / comp['ms']:.3f} | {r['peak_mib']:.0f} | {pred:.0f} | {pred / r['peak_mib']:.3f} | "
+                     f"{over} | {r['peak_mib'] / defaults[model]['peak_mib']:.3f} | {compiles} | `{name}` |")
+    dates = "; ".join(f"`{n}` {_load(n)['date']}" for n in BUDGET_RUNS)
+    lines += ["", f"(NVIDIA H200, torch 2.11, bfloat16; {dates}; the default plans' measured peaks from "
+                  f"`{BUDGET_DEFAULT}`. Predicted as in the section above; GPT-2 runs as two graphs (a graph "
+                  "break before the loss), and a budget bounds each graph's plan: the first graph's holds the "
+                  "step's peak.)"]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
     "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
     "distributed-h200": distributed_h200, "attention-dropout": attention_dropout,
     "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
-    "long-context": render_long_context.section,
+    "long-context": render_long_context.section, "real-model-budgets": real_model_budgets,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 
