@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nevery rank chose the same plans: {agree} ({len(mine)} graphs)")
         print(f"peak memory of a step (rank 0): {format_bytes(peak) if peak is not None else 'n/a on CPU'}")
     del model, opt, plans
-    gc.collect()  # free the wrapped modules before their process group (README: Tearing down)
+    gc.collect()  # and what Dynamo's traces left that refers to them, before the group (README: Tearing down)
     dist.destroy_process_group()
 
 

@@ -10,6 +10,7 @@ import functools
 import itertools
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -31,11 +32,14 @@ _ORIGINAL = "_remat_original"
 _COUNTER = itertools.count()
 
 
-def _rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]) -> Callable[..., Any]:
+def _rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any],
+                          takes_module: bool = False) -> Callable[..., Any]:
     """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
     ``RematError`` unchanged so users see the ``remat:`` message first. When the model itself
     fails while Dynamo traces it (a wrong input shape), raise one ``remat:`` error naming the
-    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat)."""
+    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat).
+    With ``takes_module`` the first argument is the module (``_entry``), not one of the inputs
+    the error lists."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -50,7 +54,8 @@ def _rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any
                 if isinstance(inner, RematError):
                     raise inner.with_traceback(None) from None
                 inner = getattr(inner, "inner_exception", None) or inner.__cause__
-            user = model_error(e, run_eagerly, args, kwargs)
+            eager, inputs = (functools.partial(run_eagerly, args[0]), args[1:]) if takes_module else (run_eagerly, args)
+            user = model_error(e, eager, inputs, kwargs)
             if user is not None:
                 raise user from None
             raise
@@ -58,17 +63,57 @@ def _rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any
     return call
 
 
-def _entry(module: nn.Module) -> Callable[..., Any]:
-    """A top-level frame for Dynamo that runs the module with its hooks. (Compiling
-    ``module._call_impl`` directly makes Dynamo skip that torch-internal frame and capture each
-    submodule separately.) Each call makes a new code object: Dynamo keys its cache and its
-    recompile limit on code objects, so every wrapped model gets its own."""
+class _WeakSelf:
+    """What the functions remat stores in a wrapped module's ``__dict__`` (``forward``, ``train``)
+    are bound to in place of the module: a weak reference to it. A deep copy of the module
+    copies its ``__dict__``, bound methods included; they are bound to the copy, as methods
+    bound to the module itself would be.
 
-    def run_module(*args: Any, **kwargs: Any) -> Any:
+    Note [No reference cycle]: a wrapped module is freed by reference counting when its last
+    reference goes (``del model``), not later by Python's cycle collector: a DDP module freed
+    after its process group is destroyed can deadlock gloo's teardown (README: Tearing down).
+    So nothing remat stores in the module's ``__dict__`` refers to the module strongly: the
+    compiled call (``_compiled_call_impl``) holds a ``weakref.ref`` and passes the module to the
+    compiled ``_entry`` as its first argument (a closure variable would be a strong reference);
+    ``forward`` (Note [One frame per wrapped module]) and ``train`` are bound to a ``_WeakSelf``.
+    Dynamo traces the ``self.ref()`` call in ``forward``: it builds the referent with a source of
+    its own (``VariableBuilder.wrap_weakref``, ``WeakRefVariable``: checked on torch 2.13; the
+    same handling is older than 2.11), and names the modules reached through it
+    ``forward.__self__.ref().<path>``, which ``capture.clean_module_paths`` shortens. Nor may a
+    function that outlives a call hold a module, and a nested function that calls itself is a
+    cycle that holds what it refers to until the collector runs (``_visit``).
+    ``tests/test_no_cycle.py`` checks that ``del`` frees a wrapped module with the collector off.
+    Dynamo's own trace of a forward that breaks the graph (DDP's does) can leave cyclic garbage
+    that refers to the module, as it does under ``torch.compile(DDP(model))``; only the
+    collector frees that."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.ref = weakref.ref(module)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _WeakSelf:
+        return _WeakSelf(copy.deepcopy(self.ref(), memo))
+
+
+def _entry(module: nn.Module) -> Callable[..., Any]:
+    """A top-level frame for Dynamo that runs a module with its hooks, called with the module
+    first: ``entry(module, *args, **kwargs)``. The module is an argument, not a closure
+    variable, so that the compiled function does not keep it alive (Note [No reference cycle]).
+    (Compiling ``module._call_impl`` directly makes Dynamo skip that torch-internal frame and
+    capture each submodule separately.) Each call makes a new code object: Dynamo keys its cache
+    and its recompile limit on code objects, so every wrapped model gets its own."""
+
+    def run_module(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
         return module._call_impl(*args, **kwargs)
 
     code = run_module.__code__.replace(co_name=f"remat_{type(module).__name__}_{next(_COUNTER)}")
-    return types.FunctionType(code, run_module.__globals__, code.co_name, None, run_module.__closure__)
+    return types.FunctionType(code, run_module.__globals__, code.co_name)
+
+
+def _compiled_entry(module: nn.Module, backend: RematBackend, dynamic: bool | None) -> Callable[..., Any]:
+    """``torch.compile`` of ``_entry(module)`` with remat's backend, raising ``remat:`` errors
+    first (``_rethrow_remat_errors``); call it with the module first, as the entry."""
+    entry = _entry(module)
+    return _rethrow_remat_errors(torch.compile(entry, backend=backend, dynamic=dynamic), entry, takes_module=True)
 
 
 def _own_forward(module: nn.Module) -> Callable[..., Any]:
@@ -85,15 +130,18 @@ def _own_forward(module: nn.Module) -> Callable[..., Any]:
     blocks under FSDP2 per block, our blocks and HF Llama's). An instance attribute comes before
     any class's ``forward``, so each block's frame has a code object, and a cache, of its own.
     When Dynamo inlines it instead, modules reached through it are named
-    ``forward.__self__.<path>``; ``capture.clean_module_paths`` removes that step."""
+    ``forward.__self__.ref().<path>`` (and, in the forward's own frame, ``self.ref().<path>``:
+    the method is bound to a ``_WeakSelf``, Note [No reference cycle]);
+    ``capture.clean_module_paths`` removes that step."""
 
-    def run_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return type(self).forward(self, *args, **kwargs)
+    def run_forward(self: _WeakSelf, /, *args: Any, **kwargs: Any) -> Any:
+        module = self.ref()
+        return type(module).forward(module, *args, **kwargs)
 
     code = run_forward.__code__.replace(co_name=f"remat_forward_{type(module).__name__}_{next(_COUNTER)}")
     fn = types.FunctionType(code, run_forward.__globals__, code.co_name)
     functools.update_wrapper(fn, type(module).forward)  # inspect.signature(wrapped.forward) as before
-    return types.MethodType(fn, module)
+    return types.MethodType(fn, _WeakSelf(module))
 
 
 def _no_double_backward(grad: torch.Tensor) -> None:
@@ -140,14 +188,15 @@ def _turn_off_inner_checkpointing(model: nn.Module) -> None:
     )
 
 
-def _train(self: nn.Module, mode: bool = True) -> nn.Module:
+def _train(self: _WeakSelf, mode: bool = True) -> nn.Module:
     """``train``/``eval`` of a wrapped module. The wrapper shares every submodule with the
     original but has its own top-level ``training`` flag: keep the original's in step, so that
-    ``wrapped.eval()`` leaves no module of the original in training mode. (A bound method, so a
-    deep copy of the wrapper sets its own copies.)"""
-    nn.Module.train(self, mode)
-    self.__dict__[_ORIGINAL].training = self.training
-    return self
+    ``wrapped.eval()`` leaves no module of the original in training mode. (A method bound to the
+    module's ``_WeakSelf``, so a deep copy of the wrapper sets its own copies.)"""
+    module = self.ref()
+    nn.Module.train(module, mode)
+    module.__dict__[_ORIGINAL].training = module.training
+    return module
 
 
 def checkpoint(
@@ -184,21 +233,22 @@ def checkpoint(
         wrapped.__dict__[_ATTR] = rb
         if "forward" not in wrapped.__dict__:  # Note [One frame per wrapped module]
             wrapped.__dict__["forward"] = _own_forward(wrapped)
-        compiled = _rethrow_remat_errors(torch.compile(_entry(wrapped), backend=rb, dynamic=dynamic),
-                                         wrapped._call_impl)
+        compiled = _compiled_entry(wrapped, rb, dynamic)
+        ref = weakref.ref(wrapped)  # Note [No reference cycle]
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            module = ref()  # alive: Module.__call__ holds it
             # Eval mode runs the module as written: no joint graph is planned for inference.
-            if not wrapped.training:
-                return wrapped._call_impl(*args, **kwargs)
+            if not module.training:
+                return module._call_impl(*args, **kwargs)
             with distributed.remat_splits_ddp(rb):
-                out = compiled(*args, **kwargs)
+                out = compiled(module, *args, **kwargs)
             return _finish(rb, out, 3)  # call <- Module.__call__ <- user
 
         call._remat_call = True  # type: ignore[attr-defined]  # see _remat_modules
         wrapped.__dict__["_compiled_call_impl"] = call
         wrapped.__dict__[_ORIGINAL] = model  # in __dict__: not a submodule, no state_dict keys
-        wrapped.__dict__["train"] = types.MethodType(_train, wrapped)
+        wrapped.__dict__["train"] = types.MethodType(_train, _WeakSelf(wrapped))
         return wrapped
     if callable(model):
         compiled = _rethrow_remat_errors(torch.compile(model, backend=rb, dynamic=dynamic), model)
@@ -248,27 +298,29 @@ def _remat_modules(model: nn.Module) -> list[nn.Module]:
     applied over it (``torch.compile(wrapped)``: Dynamo inlines the module's ``forward`` and
     remat's backend never runs), or ``Module.compile()`` replaced its compiled call."""
     found: list[nn.Module] = []
-    seen: set[int] = set()
-
-    def visit(m: nn.Module, path: str, compiled_over: str | None) -> None:
-        if id(m) in seen:
-            return
-        seen.add(id(m))
-        if _ATTR in m.__dict__:
-            if compiled_over is not None:
-                _raise_compiled_over(compiled_over, path)
-            if not getattr(m.__dict__.get("_compiled_call_impl"), "_remat_call", False):
-                _raise_compiled_over(f"{path or type(m).__name__} (Module.compile())", path)
-            found.append(m)
-            return
-        if compiled_over is None and isinstance(m._modules.get("_orig_mod"), nn.Module):  # OptimizedModule
-            compiled_over = path or type(m).__name__
-        for name, child in m._modules.items():
-            if child is not None:
-                visit(child, f"{path}.{name}" if path else name, compiled_over)
-
-    visit(model, "", None)
+    _visit(model, "", None, found, set())
     return found
+
+
+def _visit(m: nn.Module, path: str, compiled_over: str | None, found: list[nn.Module], seen: set[int]) -> None:
+    """``_remat_modules`` below ``m``. A module-level function: a nested one that calls itself
+    is a reference cycle, which kept ``found``, and the modules in it, alive after
+    ``_remat_modules`` returned, until the cycle collector ran (Note [No reference cycle])."""
+    if id(m) in seen:
+        return
+    seen.add(id(m))
+    if _ATTR in m.__dict__:
+        if compiled_over is not None:
+            _raise_compiled_over(compiled_over, path)
+        if not getattr(m.__dict__.get("_compiled_call_impl"), "_remat_call", False):
+            _raise_compiled_over(f"{path or type(m).__name__} (Module.compile())", path)
+        found.append(m)
+        return
+    if compiled_over is None and isinstance(m._modules.get("_orig_mod"), nn.Module):  # OptimizedModule
+        compiled_over = path or type(m).__name__
+    for name, child in m._modules.items():
+        if child is not None:
+            _visit(child, f"{path}.{name}" if path else name, compiled_over, found, seen)
 
 
 def _raise_compiled_over(where: str, path: str) -> None:
@@ -296,11 +348,10 @@ def _probe_blocks(model: nn.Module, subs: list[nn.Module], args: tuple, kwargs: 
         if given:
             options = dataclasses.replace(options, **given)
         probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
-        compiled = _rethrow_remat_errors(torch.compile(_entry(sub), backend=probe, dynamic=options.dynamic),
-                                         sub._call_impl)
+        compiled = _compiled_entry(sub, probe, options.dynamic)
 
         def run(*a: Any, **k: Any) -> Any:
-            out = compiled(*a, **k)
+            out = compiled(sub, *a, **k)
             merged.plans.extend(probe.plans)
             merged.frontiers.extend(probe.frontiers)
             probe.plans.clear()
@@ -379,10 +430,8 @@ def _probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], wan
                 probe = _probe_blocks(model, subs, args, kwargs, overrides, want_frontier)
             return _found_graphs(probe)
         rb = model.__dict__.get(_ATTR)
-        fn: Callable[..., Any] = _entry(model)
     elif callable(model):
         rb = getattr(model, _ATTR, None)
-        fn = getattr(model, "__wrapped__", model) if rb is not None else model
     else:
         raise RematError(
             f"remat: explain expects an nn.Module or a callable, got {type(model).__name__}. "
@@ -393,8 +442,11 @@ def _probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], wan
     if overrides:
         options = dataclasses.replace(options, **overrides)
     probe = RematBackend(options, explain_only=True, want_frontier=want_frontier)
-    eager = model._call_impl if isinstance(model, nn.Module) else fn
-    compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic), eager)
+    if isinstance(model, nn.Module):
+        compiled = functools.partial(_compiled_entry(model, probe, options.dynamic), model)
+    else:
+        fn = getattr(model, "__wrapped__", model) if rb is not None else model
+        compiled = _rethrow_remat_errors(torch.compile(fn, backend=probe, dynamic=options.dynamic), fn)
     with _untouched(model, args, kwargs), torch.enable_grad(), distributed.unsplit_by_ddp():
         compiled(*args, **kwargs)
     return _found_graphs(probe)

@@ -235,9 +235,9 @@ def spawn(tmp_path: Path, case: str, arg: str = "", env: dict[str, str] | None =
 
 
 def _free_distributed_modules() -> None:
-    """Free what Dynamo and reference cycles keep (remat's wrapper of a DDP module refers to
-    itself), then check that no DDP module is left: its Reducer would free the process group
-    later (Note [No hang in the distributed tests])."""
+    """Free what Dynamo and reference cycles keep (Dynamo's trace of DDP's forward leaves cyclic
+    garbage that refers to the DDP module), then check that no DDP module is left: its Reducer
+    would free the process group later (Note [No hang in the distributed tests])."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch._dynamo.reset()
