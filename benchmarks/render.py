@@ -255,8 +255,10 @@ def real_model_budgets() -> str:
     budget and against the default plan's measured peak (``BUDGET_DEFAULT``), and time against
     torch.compile in the row's own run."""
     rows: dict[tuple[str, str], tuple[dict, dict, str]] = {}
+    dates = []
     for name in BUDGET_RUNS:
         d = _load(name)
+        dates.append(f"`{name}` {d['date']}")
         for model, md in d["models"].items():
             comp = next((r for r in md["rows"] if r["strategy"] == "compile" and r.get("ms")), None)
             for r in md["rows"]:
@@ -282,8 +284,7 @@ def real_model_budgets() -> str:
         lines.append(f"{head} {' / '.join(f'{b:.0f}' for b in budgets)} | {r['ms']:.2f} | "
                      f"{r['ms'] / comp['ms']:.3f} | {r['peak_mib']:.0f} | {pred:.0f} | {pred / r['peak_mib']:.3f} | "
                      f"{over} | {r['peak_mib'] / defaults[model]['peak_mib']:.3f} | {compiles} | `{name}` |")
-    dates = "; ".join(f"`{n}` {_load(n)['date']}" for n in BUDGET_RUNS)
-    lines += ["", f"(NVIDIA H200, torch 2.11, bfloat16; {dates}; the default plans' measured peaks from "
+    lines += ["", f"(NVIDIA H200, torch 2.11, bfloat16; {'; '.join(dates)}; the default plans' measured peaks from "
                   f"`{BUDGET_DEFAULT}`. Predicted as in the section above; GPT-2 runs as two graphs (a graph "
                   "break before the loss), and a budget bounds each graph's plan: the first graph's holds the "
                   "step's peak.)"]
