@@ -11,7 +11,7 @@ Wrappers (how each strategy is composed with the distributed engine):
 - ``ddp``: DistributedDataParallel with its default bucket size (25 MiB; ``--bucket-cap-mb``).
   Dynamo's DDPOptimizer splits a compiled model's graph at the bucket boundaries (remat splits
   its graphs at the same boundaries itself, after planning the whole graph: Note [Bucket pieces
-  keep the whole plan] in ``remat/buckets.py``), so both compiled strategies run one graph per
+  keep the whole plan] in ``remat/capture/buckets.py``), so both compiled strategies run one graph per
   bucket: ``torch.compile(DDP(model))`` and ``DDP(remat.checkpoint(model))``.
 - ``fsdp``: FSDP2 per block in torchtitan's order: per-block checkpointing and compile (or
   ``remat.checkpoint`` per block), then ``fully_shard`` per block and on the root.

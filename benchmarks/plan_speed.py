@@ -1,4 +1,4 @@
-"""Planning speed (CPU, no compilation): how long ``remat.planner.plan_joint_graph`` takes.
+"""Planning speed (CPU, no compilation): how long ``remat.planning.planner.plan_joint_graph`` takes.
 
     python benchmarks/plan_speed.py --blocks 24
     python benchmarks/plan_speed.py --models gpt2,llama,vit,resnet50 [--budgets default,0.75,0.5,0.3]
@@ -40,8 +40,9 @@ import torch.nn.functional as F
 import workloads
 
 import remat
-from remat import partition, planner
+from remat.capture import partition
 from remat.options import Options
+from remat.planning import planner
 
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,8 +50,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def capture_joint(blocks: int):
     """The joint graph AOTAutograd hands to the partitioner, with its arguments."""
+    from remat.backends.registry.inductor.decompositions import decomposition_table
+
     from remat import compat
-    from remat.inductor.decompositions import decomposition_table
 
     grabbed = {}
 

@@ -3,7 +3,7 @@ bytes-weighted min-cut over the joint forward+backward graph."""
 
 from .api import checkpoint, compiled_plans, explain, pareto
 from .budget import Budget
-from .capture import remat_backend
+from .capture.dynamo_backend import remat_backend
 from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematError
 from .options import Options
 from .plan import Frontier, Plan, SavedTensor

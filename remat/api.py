@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 
 from . import compat, distributed
-from .capture import RematBackend
-from .dynamo_errors import model_error, quiet_fake_tensor_errors
+from .capture.dynamo_backend import RematBackend
+from .capture.dynamo_errors import model_error, quiet_fake_tensor_errors
 from .errors import RematError
 from .options import Options
 from .plan import Frontier, Plan

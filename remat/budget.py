@@ -1,12 +1,12 @@
 """Memory budgets: what a budget is and how it is parsed. The choice of the plan that fits is
-the planner's (``remat.planner.choose``).
+the planner's (``remat.planning.planner.choose``).
 
 A budget is a number of bytes (an ``int``, or a string such as ``"6GiB"``, ``"800MB"``,
 ``"1.5 GB"``) or a fraction in (0, 1] of ``eager_peak_bytes``, the predicted peak of the same
 graph saving what autograd saves. It bounds the *predicted peak* activation memory of a
-training step (``remat.peak``), not the sum of saved bytes.
+training step (``remat.core.peak``), not the sum of saved bytes.
 
-Choosing (``remat.planner.choose``): among the candidate plans (the default plan and every vertex of the
+Choosing (``remat.planning.planner.choose``): among the candidate plans (the default plan and every vertex of the
 memory/recompute frontier), take the one with the least estimated recompute time whose
 predicted peak fits; ties go to the lower peak. The candidate set does not depend on the
 budget, so a smaller budget never gives a larger peak or a shorter recompute time.

@@ -1,4 +1,4 @@
-"""The home of torch's private APIs other than Inductor's (those live in ``remat.inductor``).
+"""The home of torch's private APIs other than Inductor's (those live in ``remat.backends.inductor``).
 Each import names the torch versions it was checked on.
 
 Checked on: torch 2.13.0 (CPU, this project's CI) and torch 2.11.0 (CUDA, the GPU machine).

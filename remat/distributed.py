@@ -92,7 +92,7 @@ def unsplit_by_ddp() -> Any:
 @contextlib.contextmanager
 def remat_splits_ddp(backend: Any) -> Iterator[None]:
     """Around each call of a remat-wrapped model: remat, not Dynamo, splits its graphs at DDP's
-    gradient buckets (Note [Bucket pieces keep the whole plan] in ``remat/buckets.py``).
+    gradient buckets (Note [Bucket pieces keep the whole plan] in ``remat/capture/buckets.py``).
     ``backend.split_ddp`` records whether the user's Dynamo settings ask for the split (a user
     who set ``optimize_ddp = False`` gets one graph, as with torch.compile) and this torch's
     DDPOptimizer is the one remat drives (``compat.can_split_ddp``); if so, Dynamo's own split is

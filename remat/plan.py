@@ -89,7 +89,7 @@ def _shared(v: ValueInfo) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts(ValueInfo):
-    """One value of the joint graph as graph analysis sees it (``remat.graph``)."""
+    """One value of the joint graph as graph analysis sees it (``remat.analysis.joint_graph``)."""
 
     role: Role = field(default=Role.FORWARD, kw_only=True)
 
@@ -140,17 +140,17 @@ class Plan:
     predicted_peak_bytes: int = 0
     """Predicted peak activation memory of one step under this plan, as the chosen backend runs
     it: the best prediction available, named by ``peak_model``. Before compiling, the simulator's
-    (``remat.peak``): op by op (``"eager"``) or Inductor's kernels as remat models them
+    (``remat.core.peak``): op by op (``"eager"``) or Inductor's kernels as remat models them
     (``"inductor"``); once Inductor has compiled the forward and the backward, the peak read
     from the memory plan it generated (``compiled_peak_bytes``)."""
     peak_model: str = ""
     """What produced ``predicted_peak_bytes``: ``"simulated: op by op"``, ``"simulated: Inductor
     step model"`` or ``"read: Inductor's memory plan"``."""
     simulated_peak_bytes: int = 0
-    """The simulator's prediction (``remat.peak``), kept when a compiled reading replaces it."""
+    """The simulator's prediction (``remat.core.peak``), kept when a compiled reading replaces it."""
     compiled_peak_bytes: int = 0
     """The step's peak read from the allocations Inductor planned for the compiled forward and
-    backward (``remat.allocations``); 0 until both are compiled (AOTAutograd compiles the
+    backward (``remat.core.allocations``); 0 until both are compiled (AOTAutograd compiles the
     backward at the first backward call unless a budget asks for it at once)."""
     eager_peak_bytes: int = 0
     """Predicted peak of eager autograd on the same graph: saving what autograd saves,
@@ -163,7 +163,7 @@ class Plan:
     budget_bytes: int | None = None
     """The peak budget this plan was chosen under, if any."""
     peak_floor_bytes: int = 0
-    """No remat plan for this graph has a smaller *predicted* peak (``remat.peak.floor_bytes``):
+    """No remat plan for this graph has a smaller *predicted* peak (``remat.core.peak.floor_bytes``):
     in remat's model of the step (the same backward ops, each forward value recomputed at most
     once) the gradients, outputs and output gradients, and each backward op's operands with its
     result, coexist whatever is saved or recomputed. It bounds remat's predictions, not measured
@@ -171,9 +171,9 @@ class Plan:
     can measure lower."""
     checkpoints: tuple[str, ...] = ()
     """Separator values this plan never recomputes through (checkpoint segments, see
-    ``remat.segments``); empty for the default plan and the min-cut frontier's plans."""
+    ``remat.core.segments``); empty for the default plan and the min-cut frontier's plans."""
     nested: tuple[str, ...] = ()
-    """A nested plan's inner checkpoints (``remat.nesting``): recomputed from the saved
+    """A nested plan's inner checkpoints (``remat.planning.nesting``): recomputed from the saved
     ``checkpoints`` when the backward reaches their segment, kept until their own segment's
     backward; empty for other plans."""
     recompute_times: tuple[int, ...] = ()
@@ -375,8 +375,8 @@ class Frontier:
     """The plans no other plan beats on both predicted peak and estimated recompute time, for one
     graph, sorted from the least recompute time to the most (so their peaks fall): drawn from
     the default plan, every vertex of the lower convex hull of (saved bytes, recompute seconds),
-    and the checkpoint-segment plans (``remat.segments``; ``checkpoints`` set). A budget chooses
-    among all candidates (``remat.planner.choose``). ``default`` is the plan used without a
+    and the checkpoint-segment plans (``remat.core.segments``; ``checkpoints`` set). A budget chooses
+    among all candidates (``remat.planning.planner.choose``). ``default`` is the plan used without a
     budget, which may itself be dominated; ``eager_peak_bytes`` is autograd's predicted peak."""
 
     points: tuple[Plan, ...]

@@ -242,7 +242,7 @@ def test_error_policy_with_wrong_signature_at_checkpoint_time():
 
 
 def test_fallback_warns_and_strict_raises(monkeypatch):
-    from remat import planner
+    from remat.planning import planner
 
     def boom(*a, **k):
         raise ValueError("synthetic failure")

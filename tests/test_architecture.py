@@ -1,11 +1,11 @@
 """The package's shape, checked from its source with ``ast`` (see ARCHITECTURE.md):
 
-* only ``remat/inductor/`` imports ``torch._inductor``;
-* only ``remat/inductor/`` and ``remat/compat.py`` touch any other private torch API (a module
+* only ``remat/backends/inductor/`` imports ``torch._inductor``;
+* only ``remat/backends/inductor/`` and ``remat/compat.py`` touch any other private torch API (a module
   path with a ``_``-prefixed part, a ``_``-prefixed name imported from torch, or an attribute
   chain such as ``torch._dynamo.reset``);
-* the solver core (``solver``, ``maxflow``, ``frontier``, ``segments``, ``peak``, ``reach``, ``allocations``,
-  ``inductor/fusion``, ``inductor/kernel_model``) imports no torch at all;
+* the pure core (every module of ``remat/core/``, and Inductor's pure models ``backends/inductor/fusion``
+  and ``backends/inductor/kernel_model``) imports no torch at all;
 * no import cycle inside ``remat/``, lazy imports inside functions included (imports under
   ``if TYPE_CHECKING:`` are for annotations only and are left out).
 """
@@ -19,10 +19,10 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "remat"
-INDUCTOR_PACKAGE = "remat.inductor"
+INDUCTOR_PACKAGE = "remat.backends.inductor"
 COMPAT = "remat.compat"
-PURE = ("remat.solver", "remat.maxflow", "remat.frontier", "remat.segments", "remat.peak", "remat.reach",
-        "remat.allocations", "remat.inductor.fusion", "remat.inductor.kernel_model", "remat.units")
+PURE_PACKAGE = "remat.core"
+PURE_ELSEWHERE = ("remat.backends.inductor.fusion", "remat.backends.inductor.kernel_model", "remat.units")
 
 
 def _module_name(path: Path) -> str:
@@ -91,9 +91,10 @@ MODULES = _modules()
 
 
 def test_the_scan_sees_the_package():
-    assert {"remat.api", "remat.planner", "remat.partition", "remat.inductor.hooks", "remat.inductor.fusion",
-            "remat.backend", "remat.eager"} <= set(MODULES)
-    hooks = dict(_imports("remat.inductor.hooks", MODULES["remat.inductor.hooks"]))
+    assert {"remat.api", "remat.planning.planner", "remat.capture.partition", "remat.backends.inductor.hooks",
+            "remat.backends.inductor.fusion", "remat.backends.base", "remat.backends.eager.backend",
+            "remat.core.solver", "remat.core.peak"} <= set(MODULES)
+    hooks = dict(_imports("remat.backends.inductor.hooks", MODULES["remat.backends.inductor.hooks"]))
     assert "torch._inductor" in hooks  # the scan finds what it is meant to forbid elsewhere
 
 
@@ -104,7 +105,7 @@ def test_only_the_inductor_package_imports_torch_inductor():
         for mod, names in _imports(name, tree)
         if mod.startswith("torch._inductor") or (mod == "torch" and "_inductor" in names)
     )
-    assert not offenders, "move these into remat/inductor/: " + "; ".join(offenders)
+    assert not offenders, "move these into remat/backends/inductor/: " + "; ".join(offenders)
 
 
 def test_private_torch_apis_live_in_inductor_or_compat():
@@ -119,7 +120,11 @@ def test_private_torch_apis_live_in_inductor_or_compat():
             dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
             if dotted and _private(dotted) and not dotted.split(".")[-1].startswith("__"):
                 offenders.append(f"{name} uses {dotted} (line {node.lineno})")
-    assert not offenders, "route these through remat/compat.py or remat/inductor/: " + "; ".join(sorted(set(offenders)))
+    assert not offenders, ("route these through remat/compat.py or remat/backends/inductor/: "
+                           + "; ".join(sorted(set(offenders))))
+
+
+PURE = tuple(sorted(n for n in MODULES if n == PURE_PACKAGE or n.startswith(PURE_PACKAGE + "."))) + PURE_ELSEWHERE
 
 
 @pytest.mark.parametrize("name", PURE)
@@ -152,13 +157,14 @@ def test_no_import_cycles():
 
 def test_the_cycle_check_can_fail():
     g = _graph()
-    g.add_edge("remat.solver", "remat.planner")  # planner imports solver: this closes a cycle
+    g.add_edge("remat.core.solver", "remat.planning.planner")  # planner imports solver: this closes a cycle
     assert list(nx.simple_cycles(g))
 
 
 def test_planner_and_simulator_reach_inductor_only_through_the_backend_interface():
-    """``remat.planner``, ``remat.graph`` and ``remat.peak`` never import ``remat.inductor``:
-    the backend (``remat.backends.backend_for``) is their only way to Inductor's knowledge."""
-    for name in ("remat.planner", "remat.graph", "remat.peak", "remat.partition"):
+    """Planning, analysis, the core and the partition never import ``remat.backends.inductor``: the
+    backend (``remat.backends.base.Backend``) is their only way to Inductor's knowledge."""
+    below = [n for n in MODULES if n.split(".")[1:2] in (["planning"], ["analysis"], ["core"])] + ["remat.capture.partition"]
+    for name in below:
         mods = [m for m, _ in _imports(name, MODULES[name])]
         assert not [m for m in mods if m.startswith(INDUCTOR_PACKAGE)], (name, mods)

@@ -1,4 +1,4 @@
-"""``remat.buckets.regroup`` on a hand-made graph: which ops move to a later DDP bucket piece, which
+"""``remat.capture.buckets.regroup`` on a hand-made graph: which ops move to a later DDP bucket piece, which
 get a copy there, and which stay (Note [Bucket pieces keep the whole plan])."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from remat.buckets import regroup
+from remat.capture.buckets import regroup
 
 
 def f(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,10 @@ import remat
 from benchmarks import workloads
 from remat import compat
 from remat.budget import parse_budget
-from remat.frontier import best_within_bytes, hull
+from remat.core.frontier import best_within_bytes, hull
+from remat.core.solver import ConflictError, Problem
 from remat.plan import Plan, SavedTensor
-from remat.planner import Candidate, choose
-from remat.solver import ConflictError, Problem
+from remat.planning.planner import Candidate, choose
 
 # --- the frontier against an ILP oracle ------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Predicted peaks that hold on small versions of the four real-model families
-(``tests/small_models.py``): the peak read from Inductor's memory plan (``remat.allocations``)
+(``tests/small_models.py``): the peak read from Inductor's memory plan (``remat.core.allocations``)
 and the op-by-op simulation (uncompiled backend, eager autograd) against the CPU profiler's
 measured peak of the same step; and a budget kept as measured. The pure replay is tested on
 hand-made traces first."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import remat
-from remat.allocations import Event, GraphTrace, read_step, step_peak
+from remat.core.allocations import Event, GraphTrace, read_step, step_peak
 from remat.plan import READ, Plan
 
 from . import small_models
@@ -72,10 +72,9 @@ def test_read_step_finds_the_loss_by_its_scalar_gradient():
 
 
 def test_reading_hook_that_cannot_install_warns(monkeypatch):
+    from remat.backends.registry.inductor import versions
+    from remat.backends.registry.inductor.wrapper_reading import read_allocations
     from torch._inductor.codegen import wrapper
-
-    from remat.inductor import versions
-    from remat.inductor.wrapper_reading import read_allocations
 
     monkeypatch.setattr(versions, "_warned", set())
     monkeypatch.delattr(wrapper.PythonWrapperCodegen, "run_wrapper_ir_passes")
@@ -89,7 +88,7 @@ def test_choose_takes_read_peaks_over_predictions():
     # The budget's re-plan: a candidate whose compiled peak was read over the budget gives way
     # to the next one, though its prediction fits.
     from remat.plan import SavedTensor
-    from remat.planner import Candidate, choose, plan_key
+    from remat.planning.planner import Candidate, choose, plan_key
 
     def candidate(name, peak, seconds):
         plan = Plan(saved=(SavedTensor(name, "aten.mul.Tensor", nbytes=1),), recomputed=(),
@@ -177,7 +176,7 @@ def test_a_budget_no_compiled_plan_keeps_raises_after_the_last_compile(monkeypat
     # Every compile reads over the budget (the readings are inflated here): the last compile
     # takes the smallest candidate, and when it misses too the budget is refused, never kept
     # silently over.
-    from remat import capture
+    from remat.capture import dynamo_backend as capture
 
     real = capture.RematBackend._apply_readings
 

@@ -1,5 +1,5 @@
-"""Common-subexpression elimination (``remat.cse``): identical pure ops merge; collectives of every
-namespace in ``remat.ops.COLLECTIVE_NAMESPACES`` never do (two all-reduces of the same tensor are
+"""Common-subexpression elimination (``remat.analysis.cse``): identical pure ops merge; collectives of every
+namespace in ``remat.analysis.ops.COLLECTIVE_NAMESPACES`` never do (two all-reduces of the same tensor are
 two communications, and every rank must run both)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from remat.cse import cse
-from remat.ops import COLLECTIVE_NAMESPACES
+from remat.analysis.cse import cse
+from remat.analysis.ops import COLLECTIVE_NAMESPACES
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 if torch.distributed.is_available():

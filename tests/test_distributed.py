@@ -564,7 +564,7 @@ def test_ddp_bucket_pieces_keep_what_the_whole_plan_keeps(order):
     inputs (the layer norm's output, and the GELU output, 4 x wider than a block's input),
     which the plan of the whole graph recomputes from what it saves (the normalised input,
     ``fc1``'s output); the pieces kept twice its bytes. remat moves the recomputed ops to the
-    piece that reads them (Note [Bucket pieces keep the whole plan] in remat/buckets.py): the
+    piece that reads them (Note [Bucket pieces keep the whole plan] in remat/capture/buckets.py): the
     pieces keep, together, exactly the bytes the whole graph's plan keeps, each storage once."""
     m = fresh_model()
     x = global_batch()

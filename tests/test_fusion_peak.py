@@ -1,4 +1,4 @@
-"""The Inductor materialisation model (``remat.inductor.fusion``) and the peak it predicts.
+"""The Inductor materialisation model (``remat.backends.inductor.fusion``) and the peak it predicts.
 
 Pure tests on hand-made schedules first (which values Inductor stores, how long the values an
 inlined expression reads stay alive, in-place writes, kernel groups), then a few measurements:
@@ -10,12 +10,12 @@ import dataclasses
 
 import pytest
 import torch
+from remat.backends.registry.inductor import fusion
+from remat.backends.registry.inductor.kernel_model import KernelModel
 
 import remat
 from benchmarks import workloads
-from remat.inductor import fusion
-from remat.inductor.kernel_model import KernelModel
-from remat.peak import Schedule, simulate
+from remat.core.peak import Schedule, simulate
 
 from .test_budget import measured_peak
 
@@ -333,10 +333,9 @@ def test_predicted_peak_matches_measured_under_inductor(name, size, budget):
 def test_cpu_flash_attention_scratch_matches_the_kernel():
     # The per-thread blocks ATen's CPU flash attention allocates inside the op (and frees before
     # it returns), read from the profiler, equal what the model charges for it.
+    from remat.backends.registry.inductor.lowering import _cpu_flash_attention_scratch
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
-
-    from remat.inductor.lowering import _cpu_flash_attention_scratch
 
     q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import remat
+from remat.capture.partition import make_partition_fn
+from remat.core.solver import ConflictError, Problem, brute_force, recompute_closure, solve
 from remat.options import Options
-from remat.partition import make_partition_fn
-from remat.solver import ConflictError, Problem, brute_force, recompute_closure, solve
 
 MODULE_CASES = 200
 C, L = 4, 6  # channels and length of the (batch, C, L) activations
@@ -268,8 +268,9 @@ def joint_graph():
         captured.update(gm=copy.deepcopy(joint), inputs=joint_inputs, kwargs=kwargs)
         return make_partition_fn(Options(backend="eager"), lambda plan, frontier: None)(joint, joint_inputs, **kwargs)
 
+    from remat.backends.registry.eager.backend import decompositions as eager_decompositions
+
     from remat import compat
-    from remat.eager import decompositions as eager_decompositions
 
     backend = compat.aot_autograd(fw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),
                                   bw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),

@@ -1,6 +1,6 @@
 """A value computed from indices alone (a causal mask built from ``arange``) and read by several
 extern kernels (each layer's attention) is computed once under Inductor: remat saves its index
-source (Note [Values computed from indices] in ``remat/inductor/lowering.py``)."""
+source (Note [Values computed from indices] in ``remat/backends/inductor/lowering.py``)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import remat
 from remat import logs
+from remat.core.solver import ConflictError, Problem, describe, solve
 from remat.plan import format_bytes
-from remat.solver import ConflictError, Problem, describe, solve
 
 
 @pytest.fixture

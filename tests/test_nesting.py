@@ -1,4 +1,4 @@
-"""Nested checkpoint plans (remat.nesting): checkpoints recomputed from other checkpoints."""
+"""Nested checkpoint plans (remat.planning.nesting): checkpoints recomputed from other checkpoints."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import remat
 from remat import compat
+from remat.core.segments import nested_sets
 from remat.report.schema import SCHEMA
-from remat.segments import nested_sets
 
 
 def test_nested_sets_keep_every_mth_checkpoint_and_recompute_the_rest():

@@ -18,7 +18,8 @@ import pytest
 import torch._dynamo
 
 import remat
-from remat import partition, planner
+from remat.capture import partition
+from remat.planning import planner
 from tests.small_models import MODELS
 
 BUDGETS = (None, 0.9, 0.8, 0.7, 0.6, 0.5)
@@ -71,7 +72,7 @@ def pins(name: str, backend: str) -> dict:
 
 PINNED = {  # remade when the Inductor peak model changed (Note [Broadcast realization], a local
     # buffer's reads, Note [Reuse estimate]): a plan's digest includes its predicted peak. ViT's
-    # default remade for Note [Default plan: bytes and recompute traffic] (planner.py): it keeps the
+    # default remade for Note [Default plan: bytes and recompute traffic] (planning/planner.py): it keeps the
     # first block's normalised input (+2 KiB) instead of recomputing the patch embedding's
     # concatenation and the first layer norm (the plan that was the frontier's 209179c86321)
     ('vit', 'inductor'): {

@@ -9,7 +9,7 @@ import torch
 
 import remat
 from benchmarks import workloads
-from remat.segments import checkpoint_sets, separators
+from remat.core.segments import checkpoint_sets, separators
 
 from .test_budget import measured_peak
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from remat.solver import ConflictError, Problem, brute_force, solve
+from remat.core.solver import ConflictError, Problem, brute_force, solve
 
 
 def random_problem(rng: random.Random, n: int) -> Problem:
@@ -74,7 +74,7 @@ def test_conflict_names_the_chain():
 
 
 def _nx_source_side(g: dict, s, t) -> tuple[set, float]:
-    """networkx's minimum cut of the same network (the oracle for ``remat.maxflow``)."""
+    """networkx's minimum cut of the same network (the oracle for ``remat.core.maxflow``)."""
     import networkx as nx
 
     G = nx.DiGraph()  # noqa: N806
@@ -85,11 +85,11 @@ def _nx_source_side(g: dict, s, t) -> tuple[set, float]:
 
 
 def test_max_flow_is_networkx_boykov_kolmogorov_on_random_networks():
-    """``remat.maxflow.source_side`` gives networkx's cut on random networks with integer, float
+    """``remat.core.maxflow.source_side`` gives networkx's cut on random networks with integer, float
     and infinite capacities (Note [Max-flow without networkx])."""
     import networkx as nx
 
-    from remat.maxflow import source_side
+    from remat.core.maxflow import source_side
 
     rng = random.Random(7)
     checked = 0
@@ -105,7 +105,7 @@ def test_max_flow_is_networkx_boykov_kolmogorov_on_random_networks():
                                                if kind < 0.6 else rng.random() * 10 ** rng.randint(-3, 9)}
         try:
             want, _ = _nx_source_side(g, "s", "t")
-        except nx.NetworkXUnbounded:  # an infinite path: remat.maxflow raises too
+        except nx.NetworkXUnbounded:  # an infinite path: remat.core.maxflow raises too
             with pytest.raises(AssertionError, match="infinite capacity path"):
                 source_side(g, "s", "t")
             continue
@@ -116,8 +116,8 @@ def test_max_flow_is_networkx_boykov_kolmogorov_on_random_networks():
 
 def test_weighted_cuts_are_networkx_cuts():
     """The solver's own networks, weighted (float capacities) and not, cut as networkx cuts them."""
-    from remat.maxflow import source_side
-    from remat.solver import SINK, SOURCE, _build, _find_conflict, _free
+    from remat.core.maxflow import source_side
+    from remat.core.solver import SINK, SOURCE, _build, _find_conflict, _free
 
     rng = random.Random(11)
     checked = 0
@@ -135,9 +135,9 @@ def test_weighted_cuts_are_networkx_cuts():
 
 
 def test_weighted_cuts_share_work_not_plans():
-    """``WeightedCuts`` (one residual network for many weights, ``remat.frontier.hull``) finds
+    """``WeightedCuts`` (one residual network for many weights, ``remat.core.frontier.hull``) finds
     the plan ``solve_weighted`` finds at every weight, also when a weight of 0 drops edges."""
-    from remat.solver import WeightedCuts, solve_weighted
+    from remat.core.solver import WeightedCuts, solve_weighted
 
     rng = random.Random(5)
     checked = 0
@@ -160,8 +160,8 @@ def test_weighted_cuts_share_work_not_plans():
 
 def test_problems_sharing_a_flow_cache_get_their_own_plans():
     """A residual network cached for one problem is reused only where another problem's network
-    has the same vertices and edges (``remat.maxflow.Residual.fits``)."""
-    from remat.solver import WeightedCuts, solve_weighted
+    has the same vertices and edges (``remat.core.maxflow.Residual.fits``)."""
+    from remat.core.solver import WeightedCuts, solve_weighted
 
     rng = random.Random(9)
     cache: dict = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from remat.backends.registry.inductor import hooks
 
 import remat
 from benchmarks import workloads
-from remat.inductor import hooks
 
 
 @pytest.mark.inductor
@@ -38,7 +38,7 @@ def test_no_fused_kernel_spans_two_blocks(monkeypatch, budget):
 
 
 def test_block_of_cuts_the_module_path_at_the_first_index():
-    from remat.graph import block_of
+    from remat.analysis.joint_graph import block_of
 
     class N:
         def __init__(self, path):
@@ -73,7 +73,7 @@ def _kernel_calls(monkeypatch, tagged_everywhere: bool) -> list[int]:
 
     from torch._inductor.utils import run_and_get_code
 
-    from remat.graph import block_of
+    from remat.analysis.joint_graph import block_of
 
     if tagged_everywhere:  # the rule before Note [Blocks an extern kernel separates]
         monkeypatch.setattr(hooks, "fusion_blocks",
@@ -102,8 +102,10 @@ def test_blocks_separated_by_matmuls_fuse_at_their_boundaries(monkeypatch):
 
 
 def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
-    from remat import eager, partition
-    from remat.inductor.lowering import fusion_blocks
+    from remat.backends.registry.eager import backend as eager
+    from remat.backends.registry.inductor.lowering import fusion_blocks
+
+    from remat.capture import partition
 
     graphs = []
     original = partition.plan_joint_graph

@@ -1,13 +1,13 @@
 """The default plan weighs recompute time against bytes (Note [Default plan: bytes and recompute
-traffic] in ``remat/planner.py``): between plans of (nearly) equal bytes it takes the one that
+traffic] in ``remat/planning/planner.py``): between plans of (nearly) equal bytes it takes the one that
 recomputes less. Solver-level on a hand-made problem, then on the small GPT-2 and ViT of the
 real-model families, where the bytes-only cut recomputed what the H200 profile found slow."""
 
 from __future__ import annotations
 
 import remat
-from remat import planner
-from remat.solver import Problem, solve, solve_weighted
+from remat.core.solver import Problem, solve, solve_weighted
+from remat.planning import planner
 from tests.small_models import MODELS
 
 # x -> a -> b -> c, the backward reads c. Saving a (100 bytes) means recomputing b and c (1 s
@@ -31,7 +31,7 @@ def test_time_weight_keeps_the_value_when_recompute_costs_more_than_the_byte():
 
 
 def test_time_weight_keeps_capacities_exact_integers():
-    from remat.solver import _build, _free
+    from remat.core.solver import _build, _free
     g = _build(CHAIN, None, _free(CHAIN), time_weight=0.123456789)
     caps = [a["capacity"] for nbrs in g.values() for a in nbrs.values() if "capacity" in a]
     assert caps and all(isinstance(c, int) for c in caps)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import remat
 from benchmarks import workloads
-from remat.ops import DATA_DEPENDENT_OPS, RANDOM_OPS
+from remat.analysis.ops import DATA_DEPENDENT_OPS, RANDOM_OPS
 
 from .conftest import assert_same_training, train_step
 from .models import InplaceViews
@@ -476,7 +476,7 @@ def test_create_graph_raises_clear_error(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_joint_graph_under_no_grad_or_in_eval(backend, monkeypatch):
-    from remat import partition
+    from remat.capture import partition
 
     calls = []
     original = partition.plan_joint_graph

@@ -1,4 +1,4 @@
-"""Version drift (Note [Version drift] in ``remat/inductor/versions.py``): remat warns once on a
+"""Version drift (Note [Version drift] in ``remat/backends/inductor/versions.py``): remat warns once on a
 torch it was not verified on, names every hook that cannot install, and refuses to compile when
 Inductor would silently ignore its plan. Also: the uncompiled backend works in a fresh process
 that never imported Inductor's lowering (a decomposition reads it through the package)."""
@@ -12,9 +12,9 @@ import warnings
 
 import pytest
 import torch
+from remat.backends.registry.inductor import hooks, versions
 
 import remat
-from remat.inductor import hooks, versions
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +45,8 @@ def test_unverified_version_warns_once_naming_the_verified_ones():
 
 def test_running_torch_is_checked_when_compiling(monkeypatch):
     seen = []
-    monkeypatch.setattr("remat.inductor.backend.check_torch_version", lambda: seen.append(1) or True)
-    monkeypatch.setattr("remat.inductor.backend.compile_fx", lambda gm, inputs, *_: gm.forward)
+    monkeypatch.setattr("remat.backends.inductor.backend.check_torch_version", lambda: seen.append(1) or True)
+    monkeypatch.setattr("remat.backends.inductor.backend.compile_fx", lambda gm, inputs, *_: gm.forward)
     fn = remat.checkpoint(lambda x: (x * 2).sum())
     fn(torch.randn(3, requires_grad=True))
     assert seen

@@ -27,9 +27,9 @@ incompatible change). Top-level keys:
                  ``reason``, ``inputs``, ``shape``, ``dtype``, ``bytes``, ``module``,
                  ``source`` (omitted with ``nodes=False``).
 ``checkpoints``  list of str: the separators a checkpoint-segment plan never recomputes
-                 through (``remat.segments``); empty for min-cut plans.
+                 through (``remat.core.segments``); empty for min-cut plans.
 ``nested``       list of str: a nested plan's inner checkpoints, recomputed from
-                 ``checkpoints`` (``remat.nesting``); empty for other plans.
+                 ``checkpoints`` (``remat.planning.nesting``); empty for other plans.
 ``budget_bytes`` int or null: the peak budget the plan was chosen under.
 ``notes``        list of str.
 """

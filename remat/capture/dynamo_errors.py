@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .errors import RematError
-from .logs import user_frame
+from ..errors import RematError
+from ..logs import user_frame
 
 __all__ = ["quiet_fake_tensor_errors", "model_error"]
 

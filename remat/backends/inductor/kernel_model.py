@@ -1,12 +1,12 @@
 """The Inductor step model: the simulator's view of a step that Inductor compiled, replayed
-kernel by kernel (``remat.inductor.fusion`` decides which values are stored and how kernels
+kernel by kernel (``remat.backends.inductor.fusion`` decides which values are stored and how kernels
 allocate them). Pure: no torch import."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..peak import Schedule, Step, ancestors
+from ...core.peak import Schedule, Step, ancestors
 from .fusion import FusionRules, itemsize, kernels, lower
 
 __all__ = ["KernelModel", "kernel_steps", "early_order", "elements"]
@@ -16,7 +16,7 @@ _Key = tuple[int, int]
 
 @dataclass(frozen=True)
 class KernelModel:
-    """``remat.peak.StepModel`` for Inductor under ``rules``. In the floor (``peak.floor_bytes``)
+    """``remat.core.peak.StepModel`` for Inductor under ``rules``. In the floor (``peak.floor_bytes``)
     only extern kernels count: a matmul reads and writes real buffers, while fused work may keep
     its operands on chip."""
 

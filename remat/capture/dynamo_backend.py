@@ -1,5 +1,5 @@
 """Capture: the Dynamo backend that hands each captured graph to the chosen backend
-(``remat.backend``: Inductor or uncompiled), which traces it with AOTAutograd and splits it
+(``remat.backends.base``: Inductor or uncompiled), which traces it with AOTAutograd and splits it
 with remat's partition function."""
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import buckets, compat, distributed
-from .backends import backend_for
-from .errors import InfeasibleBudgetError
-from .logs import planning, warn_at_user
-from .options import Options
+from .. import compat, distributed
+from ..backends.registry import backend_for
+from ..errors import InfeasibleBudgetError
+from ..logs import planning, warn_at_user
+from ..options import Options
+from ..plan import Plan, format_bytes
+from ..planning.planner import plan_key
+from . import buckets
 from .partition import make_partition_fn
-from .plan import Plan, format_bytes
-from .planner import plan_key
 
 __all__ = ["RematBackend", "remat_backend"]
 
@@ -93,14 +94,14 @@ class RematBackend:
         self.joints: list[fx.GraphModule] | None = [] if keep_joints else None
         """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
         self.readings: dict[int, Any] = {}
-        """Plan index -> ``remat.allocations.Reading`` of its compiled graphs (Inductor)."""
+        """Plan index -> ``remat.core.allocations.Reading`` of its compiled graphs (Inductor)."""
         self._hands_over: set[int] = set()
         """Plan indices of graphs Dynamo ended at a graph break: their outputs go to the code
         that resumes after it, not to the caller (Note [What the caller holds])."""
 
     def _apply_readings(self) -> None:
         """Give each plan the peak read from its compiled graphs, under the caller the step's
-        graphs show (Note [What the caller holds] in ``remat.allocations``)."""
+        graphs show (Note [What the caller holds] in ``remat.core.allocations``)."""
         loss_in_step = any(r.loss_in_graph for r in self.readings.values())
         for k, reading in self.readings.items():
             if k < len(self.plans) and not self.plans[k].fallback:
@@ -147,7 +148,7 @@ class RematBackend:
     def _compile_by_bucket(self, gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes_cap: int) -> Any:
         """Split ``gm`` at DDP's gradient buckets as Dynamo would, after letting the pieces that
         read a value the whole graph's plan recomputes compute it themselves; compile each piece.
-        See Note [Bucket pieces keep the whole plan] (``remat.buckets``)."""
+        See Note [Bucket pieces keep the whole plan] (``remat.capture.buckets``)."""
 
         def regroup(g: fx.GraphModule, piece: dict[fx.Node, int]) -> dict[fx.Node, int]:
             # called only when there are two buckets or more: a one-bucket graph is planned once
@@ -178,7 +179,7 @@ class RematBackend:
         if self._break is not None:
             self._hands_over.add(k)
 
-        def read_peak(reading: Any) -> None:  # the compiled step's peak (remat.allocations)
+        def read_peak(reading: Any) -> None:  # the compiled step's peak (remat.core.allocations)
             self.readings[k] = reading
             self._apply_readings()
 
@@ -236,7 +237,7 @@ MAX_COMPILES = 4
 # Note [Budget re-plan]
 # Under a budget, the planner takes the default plan when its *predicted* peak fits, else the
 # fastest candidate whose predicted peak fits (``planner.choose``). With a backend that reads the
-# compiled step's peak (Inductor: ``remat.allocations``), the backward is compiled with the forward,
+# compiled step's peak (Inductor: ``remat.core.allocations``), the backward is compiled with the forward,
 # and if the peak read from the compiled graphs misses the budget, the graph is planned again with
 # that candidate's read peak in place of its prediction (``planner.choose(known=...)``), and
 # compiled again: each miss costs one more compile of the graph (forward and backward), at most

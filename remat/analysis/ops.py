@@ -1,7 +1,7 @@
 """Op tables: the one place that says which aten ops are matmuls, attention, reductions,
 data-dependent, random or collectives, and how an fx node's op is named. Used by graph analysis
-(``remat.graph``), common-subexpression elimination (``remat.cse``) and Inductor's
-lowering facts (``remat.inductor.lowering``)."""
+(``remat.analysis.joint_graph``), common-subexpression elimination (``remat.analysis.cse``) and Inductor's
+lowering facts (``remat.backends.inductor.lowering``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .compat import HigherOrderOperator, OpOverload
+from ..compat import HigherOrderOperator, OpOverload
 
 __all__ = ["MATMUL_OPS", "ATTENTION_OPS", "REDUCTION_OPS", "DATA_DEPENDENT_OPS", "RANDOM_OPS",
            "COLLECTIVE_NAMESPACES", "MUTATING_HOPS", "CAST_OPS", "op_name", "packet", "is_collective",

@@ -51,8 +51,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import compat
-from .ops import is_impure
+from .. import compat
+from ..analysis.ops import is_impure
 
 __all__ = ["whole_plan_values", "regroup"]
 

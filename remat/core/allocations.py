@@ -1,7 +1,7 @@
 """The peak of a compiled step, replayed from the allocations its compiled graphs make. Pure
 Python: no torch import.
 
-A compiler that plans its own memory (Inductor: ``remat.inductor.wrapper_reading``) knows every
+A compiler that plans its own memory (Inductor: ``remat.backends.inductor.wrapper_reading``) knows every
 buffer the forward and the backward allocate, which buffer a later one reuses, and where each
 is freed. ``GraphTrace`` is that sequence for one compiled graph; ``step_peak`` replays the
 forward and then the backward of one training step, as they run:

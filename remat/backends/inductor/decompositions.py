@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..compat import OpOverload
+from ...compat import OpOverload
 
 __all__ = ["decomposition_table", "eager_decompositions"]
 

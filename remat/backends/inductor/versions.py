@@ -2,10 +2,10 @@
 says when it may have drifted.
 
 Note [Version drift]
-Everything in ``remat.inductor`` reads or patches Inductor internals that change between torch
+Everything in ``remat.backends.inductor`` reads or patches Inductor internals that change between torch
 releases: the partitioner name ``compile_fx`` calls, the fusion choices handler, the C++
 scheduler's ``codegen_node``, the lowering tables, the decomposition table, and the thresholds
-and habits the peak model copies (``remat.inductor.fusion``). Each was checked on the versions
+and habits the peak model copies (``remat.backends.inductor.fusion``). Each was checked on the versions
 in ``VERIFIED``. On any other version remat still runs, but says so once, naming the versions it
 knows; and a hook that cannot install (a name that moved) is named in a warning of its own
 instead of silently doing nothing, since its absence changes memory, not correctness.
@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from ..errors import RematError
+from ...errors import RematError
 
 __all__ = ["VERIFIED", "torch_version", "is_verified", "check_torch_version", "drift", "drift_error"]
 

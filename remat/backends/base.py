@@ -1,12 +1,11 @@
 """The backend interface: how a captured graph is lowered, and what the planner and the peak
 simulator need to know about that lowering.
 
-Two backends implement it: ``"eager"`` (``remat.eager``: the partitioned graphs run uncompiled,
-op by op) and ``"inductor"`` (``remat.inductor``: Triton on GPU, C++ on CPU);
-``remat.backends.backend_for`` picks one by name. Everything that
-knows how a backend lowers, fuses and allocates sits behind these methods; the planner
-(``remat.planner``), graph analysis (``remat.graph``) and the simulator (``remat.peak``) only
-call them.
+Two backends implement it: ``"eager"`` (``remat.backends.eager``: the partitioned graphs run
+uncompiled, op by op) and ``"inductor"`` (``remat.backends.inductor``: Triton on GPU, C++ on CPU);
+``remat.backends.registry.backend_for`` picks one by name. Everything that knows how a backend
+lowers, fuses and allocates sits behind these methods; planning (``remat.planning``), graph
+analysis (``remat.analysis``) and the simulator (``remat.core.peak``) only call them.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ BACKENDS = ("inductor", "eager")
 
 INDEX_SOURCE = "index source"
 """The reason of a value a backend keeps saved so that what is computed from it alone is computed
-once (Inductor: Note [Values computed from indices] in ``remat/inductor/lowering.py``)."""
+once (Inductor: Note [Values computed from indices] in ``remat/backends/inductor/lowering.py``)."""
 
 
 class Backend(ABC):
@@ -33,7 +32,7 @@ class Backend(ABC):
 
     @abstractmethod
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        """Extra fields of ``remat.peak.Schedule`` for the joint graph ``gm`` (``nodes``: its
+        """Extra fields of ``remat.core.peak.Schedule`` for the joint graph ``gm`` (``nodes``: its
         nodes but the output, in order): the step model the simulator replays
         (``Schedule.model``) and the per-node lowering facts that model reads. ``{}``: op by op."""
 
@@ -45,9 +44,9 @@ class Backend(ABC):
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                 on_peak: Callable[[Any], None] | None = None) -> Any:
         """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
-        (``remat.partition``), and the two halves are compiled or run as this backend does. A
+        (``remat.capture.partition``), and the two halves are compiled or run as this backend does. A
         backend that plans its own memory calls ``on_peak`` with the step's peak read from the
-        compiled forward and backward (``remat.allocations.StepPeak``); others never call it."""
+        compiled forward and backward (``remat.core.allocations.StepPeak``); others never call it."""
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
         """Forward values of the joint graph (``nodes``) this backend runs faster saved than

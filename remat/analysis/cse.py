@@ -25,7 +25,7 @@ def _hashable(x: Any) -> Any:
 
 def cse(gm: fx.GraphModule) -> int:
     """Merge identical pure ops (same target and arguments) in place; returns merges done.
-    Impure ops (``remat.ops.is_impure``: mutations, random ops, collectives of every
+    Impure ops (``remat.analysis.ops.is_impure``: mutations, random ops, collectives of every
     namespace) are never merged."""
     seen: dict[Any, fx.Node] = {}
     merged = 0

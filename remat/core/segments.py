@@ -1,6 +1,6 @@
 """Checkpoint segments: plans that bound the backward's working set. Pure Python: no torch import.
 
-The (saved bytes, recompute time) frontier (``remat.frontier``) minimises what is *saved*. The
+The (saved bytes, recompute time) frontier (``remat.core.frontier``) minimises what is *saved*. The
 plan that saves least (the network input alone, say) is not the one with the smallest *peak*:
 lazily recomputing everything from the input rebuilds all layers at the start of the backward
 and keeps most of them alive, so its peak is close to eager's. Checkpointing (Chen et al. 2016,
@@ -15,11 +15,11 @@ residual stream between blocks (and, inside a block, the values a single op feed
 
 ``checkpoint_sets`` picks, for k = 2, 4, 16 and 64 segments (and one per separator), the
 separators that split the forward's bytes most evenly into k parts. Each set, forbidden to be
-recomputed through, is then solved like any other problem (``remat.partition`` solves each for
+recomputed through, is then solved like any other problem (``remat.capture.partition`` solves each for
 the fewest bytes, cost rules relaxed, recompute time breaking ties); the simulator
-(``remat.peak``) scores the result.
+(``remat.core.peak``) scores the result.
 
-``nested_sets`` groups a set's checkpoints for nested plans (``remat.nesting``): every ``m``-th
+``nested_sets`` groups a set's checkpoints for nested plans (``remat.planning.nesting``): every ``m``-th
 checkpoint stays saved (outer), the others are recomputed by the backward's sweep (inner).
 """
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import compat
+from .. import compat
 
 __all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "DeviceModel", "H200", "CPU",
            "DEVICE_MODELS", "flops", "recompute_seconds"]

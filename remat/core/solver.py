@@ -1,6 +1,6 @@
 """Minimum-byte cut between the forward and the backward. Pure Python: no torch import.
 
-Construction (max-flow: Boykov-Kolmogorov, ``remat.maxflow``, step for step networkx's, which
+Construction (max-flow: Boykov-Kolmogorov, ``remat.core.maxflow``, step for step networkx's, which
 was measured 1.5-5x faster than preflow-push on joint graphs of 4,000 nodes; see
 benchmarks/plan_speed.py):
 
@@ -196,10 +196,10 @@ def time_of(p: Problem, recomputed: tuple[int, ...] | list[int]) -> float:
 
 
 class WeightedCuts:
-    """``solve_weighted(p, w)`` for many weights ``w`` of one problem (``remat.frontier.hull``).
+    """``solve_weighted(p, w)`` for many weights ``w`` of one problem (``remat.core.frontier.hull``).
     What does not depend on ``w`` is done once: the checks, the search for an infinite path,
     the flow network (only the capacities of the ``source -> v_in`` edges that charge recompute
-    time change; they are rewritten in place) and its residual network (``remat.maxflow``).
+    time change; they are rewritten in place) and its residual network (``remat.core.maxflow``).
     Each cut is the one ``solve_weighted`` finds."""
 
     def __init__(self, p: Problem, flow_cache: dict | None = None):
@@ -209,7 +209,7 @@ class WeightedCuts:
         self.no_conflict = False
         """Whether ``p``'s network was searched for an infinite path and has none."""
         self.flow_cache: dict = {} if flow_cache is None else flow_cache
-        """``remat.maxflow.source_side``'s cache; problems that differ only in which values may
+        """``remat.core.maxflow.source_side``'s cache; problems that differ only in which values may
         be recomputed (``planner``'s checkpoint sets) may share one."""
         self._charged: list[tuple[int, dict]] = []
         """(v, the attributes of ``source -> v_in``) for each value whose recompute is charged."""

@@ -1,11 +1,11 @@
 """The backends by name: ``backend_for("eager")``, ``backend_for("inductor")``. (The interface
-is ``remat.backend.Backend``; this registry imports its implementations, which import the
+is ``remat.backends.base.Backend``; this registry imports its implementations, which import the
 interface.)"""
 
 from __future__ import annotations
 
-from .backend import BACKENDS, Backend
-from .eager import EagerBackend
+from .base import BACKENDS, Backend
+from .eager.backend import EagerBackend
 from .inductor import InductorBackend
 
 __all__ = ["backend_for"]

@@ -1,5 +1,5 @@
 """What Inductor does with each op of a joint graph, as facts the peak model reads
-(``remat.inductor.fusion``): how it lowers the op (pointwise, reduction, extern kernel, ...),
+(``remat.backends.inductor.fusion``): how it lowers the op (pointwise, reduction, extern kernel, ...),
 how many ops it adds to an inlined expression, the scratch an extern kernel holds, and which
 ops its CPU backend counts as expensive to repeat. Checked on torch 2.11 and 2.13."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import cost
-from ..backend import INDEX_SOURCE
-from ..compat import OpOverload
-from ..graph import block_of, flags, tensor_inputs, view_root
-from ..ops import CAST_OPS, op_name, packet
+from ...analysis import cost
+from ...analysis.joint_graph import block_of, flags, tensor_inputs, view_root
+from ...analysis.ops import CAST_OPS, op_name, packet
+from ...compat import OpOverload
+from ..base import INDEX_SOURCE
 
 __all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "schedule_fields", "fusion_blocks",
            "extern_workspace"]
@@ -56,7 +56,7 @@ HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"
 
 
 def lowering_kind(node: fx.Node, extern: bool) -> str:
-    """How Inductor lowers ``node`` (``remat.inductor.fusion.KINDS``). ``extern``: whether Inductor runs
+    """How Inductor lowers ``node`` (``remat.backends.inductor.fusion.KINDS``). ``extern``: whether Inductor runs
     this op as an extern kernel (``runs_extern``)."""
     if node.op != "call_function":
         return "input"
@@ -180,7 +180,7 @@ def _own_ops(node: fx.Node) -> int:
 
 
 def schedule_fields(nodes: list[fx.Node]) -> dict[str, Any]:
-    """The per-node lowering facts of ``remat.peak.Schedule`` for a graph lowered by Inductor."""
+    """The per-node lowering facts of ``remat.core.peak.Schedule`` for a graph lowered by Inductor."""
     return dict(
         kind=tuple(lowering_kind(n, _runs_extern(n)) for n in nodes),
         ops=tuple(_own_ops(n) for n in nodes),

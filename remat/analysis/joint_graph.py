@@ -8,7 +8,7 @@
   ops (the forward computes them anyway); the rest are computed from forward values only
   for the backward and may run in either half.
 
-It also builds the torch-free :class:`remat.solver.Problem` from per-op decisions.
+It also builds the torch-free :class:`remat.core.solver.Problem` from per-op decisions.
 """
 
 from __future__ import annotations
@@ -22,8 +22,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
-from . import compat, cost
-from .nesting import COPY_OF
+from .. import compat
+from ..core.peak import Schedule
+from ..core.reach import reachable
+from ..core.solver import Problem
+from ..plan import NodeFacts, PlanNode, Role
+from ..planning.nesting import COPY_OF
+from ..policy import OpInfo
+from . import cost
 from .ops import (
     ATTENTION_OPS,
     CAST_OPS,
@@ -36,14 +42,9 @@ from .ops import (
     op_name,
     packet,
 )
-from .peak import Schedule
-from .plan import NodeFacts, PlanNode, Role
-from .policy import OpInfo
-from .reach import reachable
-from .solver import Problem
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from ..backends.base import Backend
 
 __all__ = ["NodeFacts", "JointGraph", "analyze", "op_name", "block_of", "flags", "tensor_inputs", "view_root",
            "device_of"]
@@ -75,7 +76,8 @@ def block_of(node: fx.Node) -> str | None:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-_WRAPPER_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), f) for f in ("api.py", "capture.py")}
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WRAPPER_FILES = {os.path.join(_PACKAGE, f) for f in ("api.py", os.path.join("capture", "dynamo_backend.py"))}
 
 
 def _source(node: fx.Node) -> str:
@@ -229,7 +231,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
             device_model: cost.DeviceModel | None = None, backend: Backend | None = None,
             eager_kernels: bool = False, ends_at_break: bool = False) -> JointGraph:
     """Classify the joint graph's nodes (see the module docstring). ``backend`` is how the
-    partitioned graphs will run (``remat.backend``): it supplies the step model the schedule is
+    partitioned graphs will run (``remat.backends.base``): it supplies the step model the schedule is
     simulated with; ``None`` simulates op by op, as eager autograd and the uncompiled backend run.
     ``eager_kernels``: the schedule is eager autograd's, whose kernels do not allocate the
     intermediates of their decompositions (Note [Eager kernels]). ``ends_at_break``: Dynamo
@@ -255,7 +257,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
     # Views are left out: taking one is free in either half.
     forward_nodes.update(n for n in graph.nodes if n.op == "call_function" and n not in backward
                          and n.meta.get("partitioner_tag") == "is_forward" and view_root(n) is n)
-    # A nested plan's copies (``remat.nesting``) compute forward values a second time.
+    # A nested plan's copies (``remat.planning.nesting``) compute forward values a second time.
     forward_nodes.update(n for n in graph.nodes if n.meta.get(COPY_OF))
 
     values = [n for n in graph.nodes if n.op in ("placeholder", "call_function", "get_attr")

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..allocations import GraphTrace, Reading, read_step
-from ..backend import Backend
-from ..graph import device_of
+from ...analysis.joint_graph import device_of
+from ...core.allocations import GraphTrace, Reading, read_step
+from ..base import Backend
 from . import fusion
 from .hooks import compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
@@ -55,7 +55,7 @@ class InductorBackend(Backend):
 
 class _StepReading:
     """Collects the memory plans of one captured graph's compiled forward and backward and hands
-    the step's peak under both callers (``remat.allocations.read_step``) to ``report`` once both
+    the step's peak under both callers (``remat.core.allocations.read_step``) to ``report`` once both
     are compiled."""
 
     def __init__(self, report: Callable[[Reading], None]):

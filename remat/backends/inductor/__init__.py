@@ -1,5 +1,5 @@
 """Everything remat knows about Inductor's internals, in one package, behind the backend
-interface (``remat.backend.Backend``):
+interface (``remat.backends.base.Backend``):
 
 * ``backend``: ``InductorBackend``, the interface's Inductor implementation;
 * ``hooks``: how remat's partition reaches Inductor and how Inductor's fusion is kept within a

@@ -9,7 +9,7 @@ The step is simulated on the joint graph, value by value, the way the partitione
    allocated and live to the end of the backward (the caller passed them). When the graph
    computes the loss itself (``Schedule.caller_keeps_outputs`` is False), the other outputs
    die at the boundary and the zero-filled output gradients after their last use (Note [What
-   the caller holds] in ``remat.allocations``).
+   the caller holds] in ``remat.core.allocations``).
 3. Backward: the backward ops in graph order; each op the backward computes from saved values
    alone (a recomputed forward op, an activation's derivative) is placed just before its first
    use. A value is freed after its last backward use; gradients (backward outputs) stay.
@@ -19,8 +19,8 @@ Views own no storage: a storage lives until the last use of any view of it. Grap
 largest sum of live storage bytes after any op.
 
 That is how the uncompiled backend runs (``Schedule.model`` is ``OP_BY_OP``): exact, measured to
-the byte. Under Inductor (``remat.inductor.kernel_model``) the same step is replayed kernel by
-kernel instead: ``remat.inductor.fusion`` lowers the forward and the backward the way Inductor does, so only
+the byte. Under Inductor (``remat.backends.inductor.kernel_model``) the same step is replayed kernel by
+kernel instead: ``remat.backends.inductor.fusion`` lowers the forward and the backward the way Inductor does, so only
 stored values take memory, a value an inlined expression reads lives until the last kernel that
 recomputes it, fused kernels allocate their buffers together, and buffers are written in place or
 reused; ops only the backward needs are computed in the forward right after their inputs
@@ -64,7 +64,7 @@ class Schedule:
     bwd_outputs: tuple[int, ...]
     names: tuple[str, ...] = ()
     kind: tuple[str, ...] = ()
-    """How Inductor lowers each node (``remat.inductor.fusion.KINDS``); empty: unknown."""
+    """How Inductor lowers each node (``remat.backends.inductor.fusion.KINDS``); empty: unknown."""
     ops: tuple[int, ...] = ()
     """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
     dtype: tuple[str, ...] = ()
@@ -74,22 +74,22 @@ class Schedule:
     stage-local fusion, so no Inductor kernel spans two blocks."""
     workspace: tuple[int, ...] = ()
     """Scratch bytes each (extern) node holds while it runs, beyond its output (op by op, also
-    the outputs of a multi-output op that nothing reads, ``remat.eager.unread_output_bytes``)."""
+    the outputs of a multi-output op that nothing reads, ``remat.backends.eager.unread_output_bytes``)."""
     kernel: tuple[int, ...] = ()
     """The eager kernel each node's op was decomposed from (-1: its own op), for eager
     autograd's schedule: op by op, consecutive nodes of one kernel run as one step, and only its
-    results take memory (``remat.graph``, Note [Eager kernels])."""
+    results take memory (``remat.analysis.joint_graph``, Note [Eager kernels])."""
     heavy: frozenset[int] = frozenset()
     """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
     caller_keeps_outputs: bool = True
     """Whether the caller holds the forward's outputs, and the output gradients it passes in,
     through the backward; False when the graph computes the loss (a scalar output gradient):
     the other outputs die at the boundary and their gradients when the backward is done with
-    them (Note [What the caller holds] in ``remat.allocations``)."""
+    them (Note [What the caller holds] in ``remat.core.allocations``)."""
     model: StepModel | None = None
     """How the backend runs the step: ``None`` (or ``OP_BY_OP``), op by op as the uncompiled
     backend does; otherwise the backend's own model, such as Inductor's kernels
-    (``remat.inductor.kernel_model``), which reads the lowering facts above."""
+    (``remat.backends.inductor.kernel_model``), which reads the lowering facts above."""
 
     @property
     def n(self) -> int:
@@ -146,7 +146,7 @@ def backward_order(s: Schedule, saved: set[int]) -> list[int]:
 def simulate(s: Schedule, saved: set[int]) -> PeakResult:
     """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
     (``s.model`` is ``OP_BY_OP``, the uncompiled backend) or kernel by kernel as Inductor lowers the
-    two graphs (``remat.inductor``)."""
+    two graphs (``remat.backends.inductor``)."""
     pre = set(s.graph_input)
     fwd = sorted(ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
     bwd = backward_order(s, saved)
@@ -198,7 +198,7 @@ class Step:
 
 class StepModel(Protocol):
     """How a backend runs one step, for the simulator: the backend interface's pure half
-    (``remat.backend.Backend.step_model``)."""
+    (``remat.backends.base.Backend.step_model``)."""
 
     def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]
               ) -> tuple[list[Step], int, dict[_Key, int], Callable[[int, int], _Key]]:

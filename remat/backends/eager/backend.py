@@ -1,7 +1,7 @@
 """The uncompiled backend: the partitioned forward and backward run op by op, for debugging and
-fast tests. Its peak is simulated op by op (``remat.peak.OP_BY_OP``), which is exact.
+fast tests. Its peak is simulated op by op (``remat.core.peak.OP_BY_OP``), which is exact.
 
-The joint graph is traced with Inductor's decompositions (``remat.inductor.decompositions``), so
+The joint graph is traced with Inductor's decompositions (``remat.backends.inductor.decompositions``), so
 that the uncompiled backend plans the graph Inductor would plan, minus random ops (Note [Eager
 RNG order]) and the ops below.
 
@@ -65,11 +65,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import compat
-from .backend import Backend
-from .cost import nbytes
-from .inductor.decompositions import eager_decompositions
-from .inductor.lowering import extern_workspace
+from ... import compat
+from ...analysis.cost import nbytes
+from ..base import Backend
+from ..inductor.decompositions import eager_decompositions
+from ..inductor.lowering import extern_workspace
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 

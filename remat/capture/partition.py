@@ -1,7 +1,7 @@
 """Split a joint forward+backward graph into a forward and a backward module per a plan.
 
 ``make_partition_fn(options, sink)`` returns the function AOTAutograd calls with the joint
-graph. It asks the planner for the graph's plan (``remat.planner.plan_joint_graph``), splits the
+graph. It asks the planner for the graph's plan (``remat.planning.planner.plan_joint_graph``), splits the
 graph into a forward that returns the saved values and a backward that recomputes the rest,
 places each recomputed op just before its first use in the backward, lets the backend annotate
 the two modules, and hands the ``Plan`` to ``sink``. If planning fails unexpectedly, the graph
@@ -17,14 +17,14 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import compat
-from .backend import Backend
-from .backends import backend_for
-from .errors import RematError
-from .options import Options
-from .peak import lazy_order
-from .plan import Plan, Role
-from .planner import plan_joint_graph
+from .. import compat
+from ..backends.base import Backend
+from ..backends.registry import backend_for
+from ..core.peak import lazy_order
+from ..errors import RematError
+from ..options import Options
+from ..plan import Plan, Role
+from ..planning.planner import plan_joint_graph
 
 __all__ = ["make_partition_fn", "place_recompute"]
 
@@ -60,9 +60,9 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
     receives each graph's plan and, with a budget or ``want_frontier``, its frontier. ``backend``
     is the one that lowers the graph (by default ``options.backend``'s); it plans it too.
     ``ends_at_break``: Dynamo ended this graph at a graph break, so its outputs go to the code
-    that resumes after it, not to the caller (``remat.graph.analyze``). ``known_peaks``: peaks
+    that resumes after it, not to the caller (``remat.analysis.joint_graph.analyze``). ``known_peaks``: peaks
     read from earlier compiles of this graph; ``last_compile``: the budget's last compile of it
-    (``remat.planner.choose``'s ``known`` and ``last``)."""
+    (``remat.planning.planner.choose``'s ``known`` and ``last``)."""
     backend = backend or backend_for(options.backend)
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
@@ -73,7 +73,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
                                        ends_at_break=ends_at_break, known_peaks=known_peaks,
                                        last_compile=last_compile)
             jg, saved_ids, plan, frontier = planned.jg, planned.saved_ids, planned.plan, planned.frontier
-            joint = planned.gm or joint  # a nested plan splits the graph with its copies (remat.nesting)
+            joint = planned.gm or joint  # a nested plan splits the graph with its copies (remat.planning.nesting)
             values = [jg.nodes[i] for i in saved_ids]
             saved_sym = [n for n in values if compat.is_sym(n.meta.get("val"))]
             saved_tensors = [n for n in values if not compat.is_sym(n.meta.get("val"))]

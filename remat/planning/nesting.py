@@ -1,6 +1,6 @@
 """Nested checkpoints: checkpoints that are themselves recomputed (Chen et al. 2016, two levels).
 
-A checkpoint-segment plan (``remat.segments``) saves its separators for the whole backward: with
+A checkpoint-segment plan (``remat.core.segments``) saves its separators for the whole backward: with
 ``n`` segments the backward holds ``n`` checkpoints plus one segment's working set. A nested plan
 saves only *outer* checkpoints, every ``m``-th. When the backward reaches an outer segment it
 recomputes it once, keeping just its *inner* checkpoints (the sweep), and recomputes each inner
@@ -14,9 +14,9 @@ segment, and every activation such a value is computed from back to the nearest 
 a copy computed from the copies of its inputs (or from the checkpoint, parameter, or saved-only
 value, such as a dropout mask, that it reads); the backward reads the copies instead. The
 originals then feed the forward and the sweep only. Planned with the outer checkpoints never
-recomputed, and the inner checkpoints and the copies never saved (``remat.planner``), the rewritten
-graph needs nothing else: the cut, the simulator's lazy placement (``remat.peak``) and the
-partition (``remat.partition``) place the sweep before the first copy that reads an inner
+recomputed, and the inner checkpoints and the copies never saved (``remat.planning.planner``), the rewritten
+graph needs nothing else: the cut, the simulator's lazy placement (``remat.core.peak``) and the
+partition (``remat.capture.partition``) place the sweep before the first copy that reads an inner
 checkpoint, and each copy just before its first use. Copies never merge back: common
 subexpressions are eliminated before planning, not after.
 """
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 import torch.fx as fx
 
-from .reach import reachable
+from ..core.reach import reachable
 
 __all__ = ["COPY_OF", "copy_of", "nest"]
 

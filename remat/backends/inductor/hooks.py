@@ -1,6 +1,6 @@
 """Inductor hooks: how remat hands its partition to Inductor and steers Inductor's fusion.
 
-Every patch here names the torch versions it was checked on (``remat.inductor.versions``); one
+Every patch here names the torch versions it was checked on (``remat.backends.inductor.versions``); one
 that cannot install warns (Note [Version drift]) instead of silently doing nothing.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch.fx as fx
 from torch._inductor import config as inductor_config  # 2.11, 2.13
 
-from .. import compat
+from ... import compat
 from .lowering import fusion_blocks
 from .versions import drift, drift_error
 from .wrapper_reading import read_allocations
@@ -222,7 +222,7 @@ def tag_stages(*modules: fx.GraphModule) -> None:
     """Mark every op with its block (``graph.block_of``) for Inductor's fusion.
 
     Note [Stage-local fusion]: remat predicts the peak of the backward it orders (each block's
-    recompute and gradients just before they are needed; ``remat.peak``). Inductor may fuse
+    recompute and gradients just before they are needed; ``remat.core.peak``). Inductor may fuse
     kernels across the whole graph: when every op is row-local (the pointwise workload),
     it fused all eight layers' input-gradient chain into one kernel that writes every layer's
     per-row buffers at once for the column sums that follow, so all of them were alive

@@ -1,4 +1,4 @@
-"""Reading the memory plan Inductor generated for a compiled graph (``remat.allocations``).
+"""Reading the memory plan Inductor generated for a compiled graph (``remat.core.allocations``).
 
 After the scheduler has emitted the wrapper's lines and ``memory_plan_reuse`` has decided which
 freed buffer each allocation reuses, ``PythonWrapperCodegen.lines`` is the graph's allocation
@@ -9,7 +9,7 @@ input dropped), ``ReinterpretLine`` (a buffer that views another), ``ExternKerne
 and ``MultiOutputLine`` (an eager fallback that allocates its own outputs),
 ``ExternKernelOutLine`` / ``KernelCallLine`` (kernels). ``read_allocations`` wraps
 ``PythonWrapperCodegen.run_wrapper_ir_passes`` (which runs the planning) and converts the lines
-to ``remat.allocations.Event``s while the graph's sizes are at hand.
+to ``remat.core.allocations.Event``s while the graph's sizes are at hand.
 
 Checked on torch 2.11 and 2.13: the line classes, their fields (``node``, ``reused_as``,
 ``delete_old``, ``is_reused``, ``result_name``, ``arg_name``), ``run_wrapper_ir_passes``,
@@ -30,7 +30,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..allocations import Event, GraphTrace
+from ...core.allocations import Event, GraphTrace
 from .lowering import extern_workspace
 from .versions import drift
 

@@ -1,14 +1,14 @@
 """Planning: from one joint graph to the Plan it runs with.
 
-``plan_joint_graph`` analyses the graph (``remat.graph``), applies the policy (``remat.policy``),
-solves the min-cut (``remat.solver``) and builds the ``Plan``. With a budget, or when the
+``plan_joint_graph`` analyses the graph (``remat.analysis.joint_graph``), applies the policy (``remat.policy``),
+solves the min-cut (``remat.core.solver``) and builds the ``Plan``. With a budget, or when the
 frontier is asked for, it also builds the candidate plans (the default plan, the vertices of the
-memory/recompute hull, ``remat.frontier``, and checkpoint-segment plans, ``remat.segments``),
-each with its predicted peak (``remat.peak``, through the backend's step model), and chooses the
+memory/recompute hull, ``remat.core.frontier``, and checkpoint-segment plans, ``remat.core.segments``),
+each with its predicted peak (``remat.core.peak``, through the backend's step model), and chooses the
 fastest candidate whose predicted peak fits (``choose``). The candidate set does not depend on
 the budget, so a smaller budget never gives a larger peak or a shorter recompute time.
 
-This stage never touches the fx split: ``remat.partition`` applies the plan to the graph.
+This stage never touches the fx split: ``remat.capture.partition`` applies the plan to the graph.
 """
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from .backend import INDEX_SOURCE, Backend
-from .backends import backend_for
-from .cost import DeviceModel
-from .cse import cse
-from .errors import InfeasibleBudgetError, PlanningError
-from .frontier import bytes_first_weight, hull
-from .graph import JointGraph, analyze, device_model_for
+from ..analysis.cost import DeviceModel
+from ..analysis.cse import cse
+from ..analysis.joint_graph import JointGraph, analyze, device_model_for
+from ..backends.base import INDEX_SOURCE, Backend
+from ..backends.registry import backend_for
+from ..core.frontier import bytes_first_weight, hull
+from ..core.peak import OP_BY_OP, floor_bytes, simulate
+from ..core.reach import reachable
+from ..core.segments import checkpoint_sets, nested_sets, separators
+from ..core.solver import ConflictError, WeightedCuts, describe, solve, solve_weighted
+from ..errors import InfeasibleBudgetError, PlanningError
+from ..options import Options
+from ..plan import Plan, PlanNode, Role, SavedTensor, Status
+from ..policy import Decision, decide
+from ..units import format_bytes
 from .nesting import copy_of, nest
-from .options import Options
-from .peak import OP_BY_OP, floor_bytes, simulate
-from .plan import Plan, PlanNode, Role, SavedTensor, Status
-from .policy import Decision, decide
-from .reach import reachable
-from .segments import checkpoint_sets, nested_sets, separators
-from .solver import ConflictError, WeightedCuts, describe, solve, solve_weighted
-from .units import format_bytes
 
 __all__ = ["Candidate", "EagerBaseline", "Planned", "plan_joint_graph", "build_plan", "choose", "non_dominated",
            "COST_RULES", "CHECKPOINT", "plan_key"]
@@ -127,7 +127,7 @@ class Candidate:
     """One plan the budget may choose: the saved value indices, the values the backward computes
     from them, the Plan, and where it came from (``default``, ``hull``, ``segments`` or
     ``nested``). ``jg``: the rewritten joint graph a nested plan's indices refer to
-    (``remat.nesting``); None for the graph being planned."""
+    (``remat.planning.nesting``); None for the graph being planned."""
 
     saved: tuple[int, ...]
     recomputed: tuple[int, ...]
@@ -160,7 +160,7 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     plan's. A budget never trades the default plan's memory, or its speed, for an estimate: the
     estimates that rank candidates of nearly equal predicted peak are not worth the risk that
     the compiled step misses (Note [Budget re-plan]). Raises InfeasibleBudgetError if nothing
-    fits, naming the smallest predicted peak (and ``floor``, ``remat.peak.floor_bytes``, when the
+    fits, naming the smallest predicted peak (and ``floor``, ``remat.core.peak.floor_bytes``, when the
     budget is below it).
 
     Monotone: lowering the budget only removes candidates, so the chosen peak never rises and
@@ -217,7 +217,7 @@ class Planned:
     frontier: tuple[Plan, ...] | None = None
     gm: fx.GraphModule | None = None
     """The joint graph to split when the chosen plan rewrote it (a nested plan's copies,
-    ``remat.nesting``); None: the one given."""
+    ``remat.planning.nesting``); None: the one given."""
 
 
 def plan_joint_graph(
@@ -228,7 +228,7 @@ def plan_joint_graph(
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
     (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
     that will lower the graph (by default ``options.backend``'s); ``ends_at_break``: see
-    ``remat.graph.analyze``; ``known_peaks``, ``last_compile``: ``choose``'s ``known``
+    ``remat.analysis.joint_graph.analyze``; ``known_peaks``, ``last_compile``: ``choose``'s ``known``
     and ``last``."""
     gm.graph.eliminate_dead_code()
     dev = options.device_model or device_model_for(gm)
@@ -282,7 +282,7 @@ def plan_joint_graph(
 
 def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int, str], no_save: dict[int, str],
                    reasons: dict[int, str], eager: EagerBaseline) -> list[Candidate]:
-    """Checkpoint-segment plans (``remat.segments``): for each set of separators, the plan that
+    """Checkpoint-segment plans (``remat.core.segments``): for each set of separators, the plan that
     recomputes through none of them and otherwise saves the fewest bytes (every cost rule
     relaxed, recompute time breaking ties), i.e. checkpointing with the cut choosing what each
     segment keeps. Only plans that no other candidate beats on both predicted peak and
@@ -290,7 +290,7 @@ def _segment_plans(jg: JointGraph, known: list[Candidate], relaxed_nr: dict[int,
     act = _activations(jg)
     seen = {tuple(c.saved) for c in known}
     found = []
-    flow_cache: dict = {}  # the sets' networks differ in capacities only (remat.solver.WeightedCuts)
+    flow_cache: dict = {}  # the sets' networks differ in capacities only (remat.core.solver.WeightedCuts)
     for cps in _checkpoint_sets(jg, act):
         nr = {**relaxed_nr, **{c: CHECKPOINT for c in cps if c not in relaxed_nr}}
         prob = jg.problem(nr, no_save, recompute_cost=jg.recompute_seconds)
@@ -338,7 +338,7 @@ def _checkpoint_sets(jg: JointGraph, act: set[int], tensors_only: bool = False) 
 def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], jg: JointGraph,
                   relaxed_nr: dict[int, str], options: Options, backend: Backend | None, known: list[Candidate],
                   eager: EagerBaseline, ends_at_break: bool = False) -> list[Candidate]:
-    """Nested checkpoint plans (``remat.nesting``), uncompiled backend only: for each
+    """Nested checkpoint plans (``remat.planning.nesting``), uncompiled backend only: for each
     ``(outer, inner)`` pair of ``segments.nested_sets``, the joint graph rewritten with copies,
     planned with the outer checkpoints saved, the inner ones and the copies recomputed, and
     otherwise the fewest bytes (every cost rule relaxed, recompute time breaking ties). Only
@@ -371,7 +371,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
 
 
 def _solve_nested(jg2: JointGraph, options: Options, outer: list[str], inner: list[str]):
-    """The fewest-bytes plan of a nested graph (``remat.nesting``): ``outer`` checkpoints never
+    """The fewest-bytes plan of a nested graph (``remat.planning.nesting``): ``outer`` checkpoints never
     recomputed, ``inner`` ones and every copy never saved, cost rules relaxed. ``(peak, seconds,
     solution, no_recompute, reasons)``, or None if no plan exists."""
     with warnings.catch_warnings():

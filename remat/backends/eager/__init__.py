@@ -1,0 +1,1 @@
+"""The uncompiled backend: the partitioned graphs run op by op."""

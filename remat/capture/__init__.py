@@ -1,0 +1,2 @@
+"""Capture: how a model's training step reaches remat (the Dynamo backend, the
+AOTAutograd partition hook, module wrapping, DDP bucket splits)."""
