@@ -1,0 +1,180 @@
+"""Measuring candidate plans on the user's own training steps.
+
+Note [Tuning on the user's steps]
+Every candidate plan of a graph computes the same gradients, so the first training steps can
+each run a different candidate: there is no extra step, nothing runs twice, and BatchNorm's
+running statistics and the random generators advance exactly as they would with one plan. The
+callable Dynamo runs for the graph (``TunedGraph``) takes the candidates round-robin; each call
+times the graph's forward (from the call to its return) and its backward (from autograd's
+pre-hook to its post-hook on the compiled function's backward node, both public
+``torch.autograd.graph.Node`` hooks), with CUDA events on a GPU and the wall clock elsewhere.
+A candidate's first call is never a sample (it may compile its backward). Once every candidate
+has ``samples`` timed steps, ``remat.core.selection.select`` keeps one, the others are dropped,
+and every later call runs the winner directly. A step whose backward never runs (inference under
+``no_grad``, a forward without backward) is simply not a sample.
+
+The decision is made at the start of the call after the last sample, when the events of every
+measured step have been recorded: reading them waits for the GPU once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from .. import compat
+from ..core.selection import Measured, Selection, select
+
+__all__ = ["Timer", "WallTimer", "CudaTimer", "TunedGraph", "timer_for"]
+
+
+class Timer(Protocol):
+    """Marks points in a step's execution and measures the seconds between two marks."""
+
+    def mark(self) -> Any: ...
+
+    def seconds(self, start: Any, end: Any) -> float: ...
+
+
+class WallTimer:
+    """The wall clock: exact where every kernel runs synchronously (CPU)."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
+class CudaTimer:
+    """CUDA events on the current stream: the GPU time between two marks, host gaps included."""
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+
+def timer_for(device: str) -> Timer:
+    return CudaTimer() if device == "cuda" else WallTimer()
+
+
+@dataclass
+class _Step:
+    """One call of one candidate: the marks of its forward and of its backward."""
+
+    fwd: tuple[Any, Any]
+    bwd_start: Any = None
+    bwd_end: Any = None
+
+
+@dataclass
+class _Candidate:
+    name: str
+    run: Callable[..., Any] | None
+    peak_bytes: Callable[[], int]
+    """The candidate's peak, read when the decision is made (a compiled reading may arrive
+    after its first backward)."""
+    calls: int = 0
+    steps: list[_Step] = field(default_factory=list)
+
+
+class TunedGraph:
+    """The callable for one graph while its candidates are measured (Note [Tuning on the user's
+    steps]). ``candidates``: (name, compiled callable, peak getter), remat's default plan first.
+    ``on_decided(index, selection)`` is called once, when the choice is made."""
+
+    def __init__(self, candidates: Sequence[tuple[str, Callable[..., Any], Callable[[], int]]], timer: Timer,
+                 samples: int, tolerance: float, on_decided: Callable[[int, Selection], None]):
+        if not candidates:
+            raise ValueError("remat: internal error, TunedGraph needs a candidate; please report")
+        self._candidates = [_Candidate(n, r, p) for n, r, p in candidates]
+        self._timer = timer
+        self._samples = samples
+        self._tolerance = tolerance
+        self._on_decided = on_decided
+        self._next = 0
+        self.winner: Callable[..., Any] | None = candidates[0][1] if len(candidates) == 1 else None
+        self.selection: Selection | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.winner is not None:
+            return self.winner(*args)
+        if self._measured():
+            self._decide()
+            return self.winner(*args)
+        cand = self._candidates[self._next]
+        self._next = (self._next + 1) % len(self._candidates)
+        cand.calls += 1
+        start = self._timer.mark()
+        out = cand.run(*args)
+        step = _Step((start, self._timer.mark()))
+        if cand.calls > 1 and self._hook_backward(out, step):
+            cand.steps.append(step)
+        return out
+
+    def _measured(self) -> bool:
+        return all(sum(s.bwd_end is not None for s in c.steps) >= self._samples for c in self._candidates)
+
+    def _hook_backward(self, out: Any, step: _Step) -> bool:
+        node = _compiled_node(out)
+        if node is None:
+            return False
+        timer = self._timer
+
+        def before(grad_outputs: Any) -> None:
+            if step.bwd_start is None:
+                step.bwd_start = timer.mark()
+
+        def after(grad_inputs: Any, grad_outputs: Any) -> None:
+            if step.bwd_end is None:
+                step.bwd_end = timer.mark()
+
+        node.register_prehook(before)
+        node.register_hook(after)
+        return True
+
+    def _decide(self) -> None:
+        measured = []
+        for c in self._candidates:
+            done = [s for s in c.steps if s.bwd_end is not None][: self._samples]
+            seconds = tuple(self._timer.seconds(*s.fwd) + self._timer.seconds(s.bwd_start, s.bwd_end) for s in done)
+            measured.append(Measured(c.name, seconds, c.peak_bytes()))
+        self.selection = select(measured, self._tolerance)
+        k = self.selection.index
+        self.winner = self._candidates[k].run
+        for c in self._candidates:  # the losers' compiled code and the steps' events go
+            c.run, c.steps = None, []
+        self._on_decided(k, self.selection)
+
+
+_VIEW_NODES = ("View", "Alias", "AsStrided", "Transpose", "Permute", "Expand", "Select", "Slice", "Squeeze",
+               "Unsqueeze", "TBackward", "Unbind", "Split", "Narrow", "Diagonal", "Unfold")
+
+
+def _compiled_node(out: Any) -> Any:
+    """The autograd node of the compiled function that produced ``out``: the
+    ``CompiledFunctionBackward`` its outputs come from, directly or through the view nodes
+    AOTAutograd adds for outputs that alias an intermediate (never through other ops, which
+    would reach an earlier graph's node); None when no output comes from it."""
+    todo = [(t.grad_fn, 0) for t in compat.tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while todo:
+        node, depth = todo.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        name = node.name()
+        if "CompiledFunction" in name:
+            return node
+        if depth < 3 and any(v in name for v in _VIEW_NODES):
+            todo.extend((n, depth + 1) for n, _ in node.next_functions)
+    return None
