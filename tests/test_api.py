@@ -57,7 +57,7 @@ def test_entry_point_declared():
     from importlib.metadata import entry_points
 
     names = {ep.name: ep.value for ep in entry_points(group="torch_dynamo_backends")}
-    assert names.get("remat") == "remat.capture:remat_backend"
+    assert names.get("remat") == "remat.capture.dynamo_backend:remat_backend"
 
 
 def test_explain_matches_compiled_plan():
