@@ -1,5 +1,5 @@
 """A remat-wrapped module is freed when its last reference goes, by reference counting, without
-Python's cycle collector (Note [No reference cycle] in remat/api.py): ``del model`` frees it, its
+Python's cycle collector (Note [No reference cycle] in remat/capture/wrap.py): ``del model`` frees it, its
 parameters and the original module, so a DDP module under remat can be freed before its process
 group is destroyed (README: Tearing down)."""
 
