@@ -1,4 +1,4 @@
-"""Public API: wrapping, state_dict keys, the registered backend, explain, errors."""
+"""Public API: wrapping, state_dict keys, copies, the registered backend, explain, errors."""
 
 import copy
 import warnings
@@ -9,6 +9,7 @@ import torch.nn as nn
 
 import remat
 from benchmarks import workloads
+from remat.capture.wrap import backend_of
 
 from .conftest import train_step
 
@@ -101,6 +102,28 @@ def test_train_eval_toggle():
     assert model.training and rm.training
     workloads.loss(rm(x)).backward()
     assert len(remat.compiled_plans(rm)) == 1
+
+
+# --- copies --------------------------------------------------------------------------------
+
+def test_deep_copy_stays_wrapped_with_plans_of_its_own():
+    """issue 29, item 1: ``nn.Module.__getstate__`` drops the compiled call, so a deep copy
+    trained as plain eager (no plan, no warning) and ``compiled_plans`` on it said torch.compile
+    was applied over it (Note [Copies are wrapped anew])."""
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager", budget="1GiB")
+    workloads.loss(rm(x)).backward()
+    copied = copy.deepcopy(rm)
+    assert remat.compiled_plans(copied) == []  # a backend of its own: nothing compiled yet
+    assert backend_of(copied) is not backend_of(rm) and backend_of(copied).options == backend_of(rm).options
+    assert not any(a is b for a, b in zip(copied.parameters(), rm.parameters()))
+    assert list(copied.state_dict()) == list(model.state_dict())
+    assert_trains(copied, model, x)
+    assert len(remat.compiled_plans(copied)) == 1 and len(remat.compiled_plans(rm)) == 1
+    assert str(remat.compiled_plans(copied)[0]) == str(remat.compiled_plans(rm)[0])
+    copied.eval()  # the copy's original follows the copy, the model stays as it was
+    assert rm.training and model.training and not copied.training
+    assert not any(m.training for m in copied.modules())
 
 
 def test_plan_table_mentions_every_saved_tensor():

@@ -10,7 +10,8 @@ submodules) whose ``__dict__`` holds, besides the module's own state:
   training mode it runs the module through ``torch.compile`` with remat's backend;
 * ``forward``: a method of its own (Note [One frame per wrapped module]);
 * ``train``: keeps the original's ``training`` flag in step;
-* ``_remat_original``: the module it was copied from.
+* ``_remat_original``: the module it was copied from;
+* ``__deepcopy__``: a deep copy is wrapped anew (Note [Copies are wrapped anew]).
 
 None of them refers to the module strongly (Note [No reference cycle]).
 """
@@ -73,10 +74,10 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
 
 
 class _WeakSelf:
-    """What the functions remat stores in a wrapped module's ``__dict__`` (``forward``, ``train``)
-    are bound to in place of the module: a weak reference to it. A deep copy of the module
-    copies its ``__dict__``, bound methods included; they are bound to the copy, as methods
-    bound to the module itself would be.
+    """What the functions remat stores in a wrapped module's ``__dict__`` (``forward``, ``train``,
+    ``__deepcopy__``) are bound to in place of the module: a weak reference to
+    it. A deep copy of one of them is bound to a deep copy of the module, as a method bound to
+    the module itself would be.
 
     Note [No reference cycle]: a wrapped module is freed by reference counting when its last
     reference goes (``del model``), not later by Python's cycle collector: a DDP module freed
@@ -84,7 +85,8 @@ class _WeakSelf:
     So nothing remat stores in the module's ``__dict__`` refers to the module strongly: the
     compiled call (``_compiled_call_impl``) holds a ``weakref.ref`` and passes the module to the
     compiled ``_entry`` as its first argument (a closure variable would be a strong reference);
-    ``forward`` (Note [One frame per wrapped module]) and ``train`` are bound to a ``_WeakSelf``.
+    ``forward`` (Note [One frame per wrapped module]), ``train`` and the copy methods (Note
+    [Copies are wrapped anew]) are bound to a ``_WeakSelf``.
     Dynamo traces the ``self.ref()`` call in ``forward``: it builds the referent with a source of
     its own (``VariableBuilder.wrap_weakref``, ``WeakRefVariable``: checked on torch 2.13; the
     same handling is older than 2.11), and names the modules reached through it
@@ -202,7 +204,7 @@ def _train(self: _WeakSelf, mode: bool = True) -> nn.Module:
     """``train``/``eval`` of a wrapped module. The wrapper shares every submodule with the
     original but has its own top-level ``training`` flag: keep the original's in step, so that
     ``wrapped.eval()`` leaves no module of the original in training mode. (A method bound to the
-    module's ``_WeakSelf``, so a deep copy of the wrapper sets its own copies.)"""
+    module's ``_WeakSelf``: Note [No reference cycle].)"""
     module = self.ref()
     nn.Module.train(module, mode)
     module.__dict__[_ORIGINAL].training = module.training
@@ -215,6 +217,13 @@ def wrap_module(model: nn.Module, rb: RematBackend) -> nn.Module:
     ``remat.checkpoint`` line) if Hugging Face gradient checkpointing was on."""
     _turn_off_inner_checkpointing(model, stacklevel=3)  # <- wrap_module <- checkpoint <- user
     wrapped = copy.copy(model)
+    _install(wrapped, model, rb)
+    return wrapped
+
+
+def _install(wrapped: nn.Module, model: nn.Module, rb: RematBackend) -> None:
+    """Make ``wrapped``, a copy of ``model``, train through ``rb``: what the module docstring
+    lists, in its ``__dict__``."""
     wrapped.__dict__[_ATTR] = rb
     if "forward" not in wrapped.__dict__:  # Note [One frame per wrapped module]
         wrapped.__dict__["forward"] = _own_forward(wrapped)
@@ -233,8 +242,63 @@ def wrap_module(model: nn.Module, rb: RematBackend) -> nn.Module:
     call._remat_call = True  # type: ignore[attr-defined]  # see remat_modules
     wrapped.__dict__["_compiled_call_impl"] = call
     wrapped.__dict__[_ORIGINAL] = model  # in __dict__: not a submodule, no state_dict keys
-    wrapped.__dict__["train"] = types.MethodType(_train, _WeakSelf(wrapped))
-    return wrapped
+    weak = _WeakSelf(wrapped)
+    wrapped.__dict__["train"] = types.MethodType(_train, weak)
+    wrapped.__dict__["__deepcopy__"] = types.MethodType(_deepcopy, weak)
+
+
+# Note [Copies are wrapped anew]
+# ``nn.Module.__getstate__`` drops ``_compiled_call_impl``, so a deep copy made from the module's
+# state (``copy.deepcopy``) kept ``_remat_backend`` (and the plans of the model it was copied
+# from) but trained as plain eager, unplanned, and then looked to ``remat_modules`` like a module
+# torch.compile was applied over. So a wrapped module copies itself (``__deepcopy__``, an
+# instance attribute, which ``copy`` looks up on the object): to a new module of its class
+# (``_unwrapped``) given its state less what remat installed (``_own_state``), and the copied
+# original; once given that state (``_rewrap``, set as its own ``__setstate__`` until then), the
+# new module is wrapped anew with the same options (shared: they are immutable) and a
+# ``RematBackend`` of its own, which plans its graphs when it first trains.
+
+_INSTALLED = frozenset({_ATTR, _ORIGINAL, "_compiled_call_impl", "train", "__deepcopy__"})
+
+
+def _own_state(module: nn.Module) -> Any:
+    """The state its class gives ``module`` (``nn.Module.__getstate__``), less what remat
+    installed in its ``__dict__``."""
+    state = type(module).__getstate__(module)
+    if not isinstance(state, dict):
+        return state
+    own_forward = isinstance(getattr(state.get("forward"), "__self__", None), _WeakSelf)
+    return {k: v for k, v in state.items() if k not in _INSTALLED and not (k == "forward" and own_forward)}
+
+
+def _reduction(module: nn.Module) -> tuple[Callable[..., nn.Module], tuple[type], dict[str, Any]]:
+    state = {"module": _own_state(module), "original": module.__dict__[_ORIGINAL],
+             "options": module.__dict__[_ATTR].options}
+    return _unwrapped, (type(module),), state
+
+
+def _deepcopy(self: _WeakSelf, memo: dict[int, Any]) -> nn.Module:
+    module = self.ref()
+    make, args, state = _reduction(module)
+    copied = make(*args)
+    memo[id(module)] = copied
+    options = state.pop("options")  # immutable: shared, not copied
+    copied.__setstate__({**copy.deepcopy(state, memo), "options": options})  # _rewrap
+    return copied
+
+
+def _unwrapped(cls: type[nn.Module]) -> nn.Module:
+    """A new, empty module of class ``cls``, to be given a wrapped module's state (``_rewrap``)."""
+    module = cls.__new__(cls)
+    module.__dict__["__setstate__"] = types.MethodType(_rewrap, _WeakSelf(module))
+    return module
+
+
+def _rewrap(self: _WeakSelf, state: dict[str, Any]) -> None:
+    module = self.ref()
+    del module.__dict__["__setstate__"]
+    type(module).__setstate__(module, state["module"])
+    _install(module, state["original"], RematBackend(state["options"]))
 
 
 def wrap_function(fn: Callable[..., Any], rb: RematBackend) -> Callable[..., Any]:
