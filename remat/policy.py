@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 import fnmatch
 import inspect
+import pickle
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .errors import PolicyError
 
@@ -122,6 +123,28 @@ class Rule:
         if self.modules and not any(fnmatch.fnmatchcase(op.module, p) for p in self.modules):
             return None
         return self.decision
+
+    def __reduce__(self) -> tuple[type[Rule], tuple[object, ...]]:
+        """Pickling a rule (with the options of a pickled remat-wrapped model) pickles its
+        predicate: one pickle cannot save (a lambda, a nested function) raises a ``remat:`` error
+        naming the rule, rather than pickle's error about a function. Copies share the rule."""
+        if self.predicate is not None:
+            try:
+                pickle.dumps(self.predicate)
+            except Exception as e:  # noqa: BLE001 - pickle raises PicklingError, TypeError or AttributeError
+                raise PolicyError(
+                    f"remat: pickling policy rule `{self.name}` needs its function pickled, and pickle cannot save "
+                    f"it ({type(e).__name__}: {e}). Expected a function defined at the top level of a module; "
+                    "define the rule there, or save model.state_dict() and call remat.checkpoint again after "
+                    "loading it."
+                ) from None
+        return Rule, tuple(getattr(self, f.name) for f in fields(self))
+
+    def __copy__(self) -> Rule:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Rule:
+        return self
 
 
 def _rule(decision: Decision, ops, modules, name: str | None) -> Rule:

@@ -1,6 +1,7 @@
 """Public API: wrapping, state_dict keys, copies, the registered backend, explain, errors."""
 
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -124,6 +125,28 @@ def test_deep_copy_stays_wrapped_with_plans_of_its_own():
     copied.eval()  # the copy's original follows the copy, the model stays as it was
     assert rm.training and model.training and not copied.training
     assert not any(m.training for m in copied.modules())
+
+
+def test_pickle_and_torch_save_keep_the_model_wrapped(tmp_path):
+    """issue 29, item 2: pickling failed on a weak reference (a raw TypeError); the loaded model
+    is wrapped anew, with the same options, and plans its graphs on its first step."""
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager", budget="1GiB", policy=remat.save(ops="aten.gelu"))
+    workloads.loss(rm(x)).backward()
+    torch.save(rm, tmp_path / "model.pt")
+    for loaded in (pickle.loads(pickle.dumps(rm)), torch.load(tmp_path / "model.pt", weights_only=False)):
+        assert remat.compiled_plans(loaded) == []
+        assert backend_of(loaded).options == backend_of(rm).options
+        assert_trains(loaded, model, x)
+        assert str(remat.compiled_plans(loaded)[0]) == str(remat.compiled_plans(rm)[0])
+
+
+def test_pickling_a_rule_pickle_cannot_save_is_a_remat_error():
+    rm = remat.checkpoint(nn.Linear(2, 2), backend="eager", policy=lambda op: None)
+    with pytest.raises(remat.PolicyError, match=r"^remat: pickling policy rule `<lambda>` needs its function "
+                                                r"pickled.*model.state_dict\(\)"):
+        pickle.dumps(rm)
+    assert remat.compiled_plans(copy.deepcopy(rm)) == []  # a deep copy shares the rule
 
 
 def test_plan_table_mentions_every_saved_tensor():

@@ -11,7 +11,7 @@ submodules) whose ``__dict__`` holds, besides the module's own state:
 * ``forward``: a method of its own (Note [One frame per wrapped module]);
 * ``train``: keeps the original's ``training`` flag in step;
 * ``_remat_original``: the module it was copied from;
-* ``__deepcopy__``: a deep copy is wrapped anew (Note [Copies are wrapped anew]).
+* ``__reduce_ex__`` and ``__deepcopy__``: a copy is wrapped anew (Note [Copies are wrapped anew]).
 
 None of them refers to the module strongly (Note [No reference cycle]).
 """
@@ -75,7 +75,7 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
 
 class _WeakSelf:
     """What the functions remat stores in a wrapped module's ``__dict__`` (``forward``, ``train``,
-    ``__deepcopy__``) are bound to in place of the module: a weak reference to
+    ``__reduce_ex__``, ``__deepcopy__``) are bound to in place of the module: a weak reference to
     it. A deep copy of one of them is bound to a deep copy of the module, as a method bound to
     the module itself would be.
 
@@ -244,21 +244,26 @@ def _install(wrapped: nn.Module, model: nn.Module, rb: RematBackend) -> None:
     wrapped.__dict__[_ORIGINAL] = model  # in __dict__: not a submodule, no state_dict keys
     weak = _WeakSelf(wrapped)
     wrapped.__dict__["train"] = types.MethodType(_train, weak)
+    wrapped.__dict__["__reduce_ex__"] = types.MethodType(_reduce_ex, weak)
     wrapped.__dict__["__deepcopy__"] = types.MethodType(_deepcopy, weak)
 
 
 # Note [Copies are wrapped anew]
-# ``nn.Module.__getstate__`` drops ``_compiled_call_impl``, so a deep copy made from the module's
-# state (``copy.deepcopy``) kept ``_remat_backend`` (and the plans of the model it was copied
-# from) but trained as plain eager, unplanned, and then looked to ``remat_modules`` like a module
-# torch.compile was applied over. So a wrapped module copies itself (``__deepcopy__``, an
-# instance attribute, which ``copy`` looks up on the object): to a new module of its class
-# (``_unwrapped``) given its state less what remat installed (``_own_state``), and the copied
-# original; once given that state (``_rewrap``, set as its own ``__setstate__`` until then), the
-# new module is wrapped anew with the same options (shared: they are immutable) and a
-# ``RematBackend`` of its own, which plans its graphs when it first trains.
+# ``nn.Module.__getstate__`` drops ``_compiled_call_impl``, so a copy made from the module's
+# state (``copy.deepcopy``, ``pickle``, ``torch.save``) kept ``_remat_backend`` (and the plans of
+# the model it was copied from) but trained as plain eager, unplanned, and then looked to
+# ``remat_modules`` like a module torch.compile was applied over; and pickling that state failed
+# on the weak references of Note [No reference cycle]. So a wrapped module reduces itself
+# (``__reduce_ex__``, an instance attribute, which ``copy`` and ``pickle`` look up on the
+# object): to a new module of its class (``_unwrapped``) given its state less what remat
+# installed (``_own_state``), the original and the options; once given that state (``_rewrap``,
+# set as its own ``__setstate__`` until then), the new module is wrapped anew with a
+# ``RematBackend`` of its own, which plans its graphs when it first trains. ``__deepcopy__`` does
+# the same and shares the options (they are immutable) rather than copying them; pickling
+# them pickles the policy's rules, and a rule whose function pickle cannot save (a lambda)
+# raises a ``remat:`` error naming it (``policy.Rule.__reduce__``).
 
-_INSTALLED = frozenset({_ATTR, _ORIGINAL, "_compiled_call_impl", "train", "__deepcopy__"})
+_INSTALLED = frozenset({_ATTR, _ORIGINAL, "_compiled_call_impl", "train", "__reduce_ex__", "__deepcopy__"})
 
 
 def _own_state(module: nn.Module) -> Any:
@@ -275,6 +280,10 @@ def _reduction(module: nn.Module) -> tuple[Callable[..., nn.Module], tuple[type]
     state = {"module": _own_state(module), "original": module.__dict__[_ORIGINAL],
              "options": module.__dict__[_ATTR].options}
     return _unwrapped, (type(module),), state
+
+
+def _reduce_ex(self: _WeakSelf, protocol: int) -> tuple[Callable[..., nn.Module], tuple[type], dict[str, Any]]:
+    return _reduction(self.ref())
 
 
 def _deepcopy(self: _WeakSelf, memo: dict[int, Any]) -> nn.Module:
