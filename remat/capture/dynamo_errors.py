@@ -1,5 +1,6 @@
-"""When the user's own model fails while Dynamo traces it (a wrong input shape, say), show one
-``remat:`` error about the model instead of Dynamo's trace and fake-tensor log lines.
+"""When the user's own model fails while Dynamo traces it (a wrong input shape, say), or cannot
+take the inputs it is called with, show one ``remat:`` error about the model instead of
+Dynamo's trace and fake-tensor log lines.
 
 Private torch names used here (checked on torch 2.13; read defensively): the exception class
 ``torch._dynamo.exc.TorchRuntimeError`` (Dynamo failed to run an op on fake tensors) and the
@@ -10,6 +11,7 @@ before Dynamo raises.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -60,10 +62,44 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def model_error(e: BaseException, run_eagerly: Callable[..., Any], args: tuple, kwargs: dict) -> RematError | None:
-    """If ``e`` is Dynamo failing to trace an op of the model and the model raises without remat
-    too (``run_eagerly``, under ``no_grad``), the ``remat:`` error that names the model's own
-    error, its line and the inputs; otherwise None (``e`` is remat's or Dynamo's problem)."""
+def _inputs(args: tuple, kwargs: dict) -> str:
+    return ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0].rstrip(".") + "."
+
+
+def _unbound(takes: Callable[..., Any], args: tuple, kwargs: dict) -> RematError | None:
+    """The ``remat:`` error for a call whose inputs ``takes``'s signature cannot bind (no inputs
+    at all, say: ``remat.explain(model)``); None if they bind or it has no signature."""
+    try:
+        signature = inspect.signature(takes)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as err:
+        given = f"({_inputs(args, kwargs)})" if args or kwargs else "no inputs"
+        return RematError(
+            f"remat: the model takes {signature} and was called with {given}: {_first_line(err)} Nothing was "
+            "planned. Pass the inputs of a training step after the model, as the model takes them: "
+            "remat.explain(model, x) plans model(x), and a wrapped model is called as the model is."
+        )
+    return None
+
+
+def model_error(e: BaseException, run_eagerly: Callable[..., Any], args: tuple, kwargs: dict,
+                takes: Callable[..., Any] | None = None) -> RematError | None:
+    """If the model cannot take these inputs (a ``TypeError`` where ``takes``, its ``forward``,
+    cannot bind them), or ``e`` is Dynamo failing to trace an op of the model and the model
+    raises without remat too (``run_eagerly``, under ``no_grad``), the ``remat:`` error that
+    names the model's own error, its line and the inputs; otherwise None (``e`` is remat's or
+    Dynamo's problem)."""
+    if isinstance(e, TypeError) and takes is not None:
+        unbound = _unbound(takes, args, kwargs)
+        if unbound is not None:
+            return unbound
     if not _is_tracing_failure(e):
         return None
     try:
@@ -72,8 +108,8 @@ def model_error(e: BaseException, run_eagerly: Callable[..., Any], args: tuple, 
     except Exception as err:  # noqa: BLE001 - the model's own error, reported below
         frame = user_frame(err.__traceback__)
         where = f" at {frame[0]}:{frame[1]} ({frame[2]})" if frame else ""
-        inputs = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
-        first = (str(err).strip().splitlines() or [""])[0].rstrip(".") + "."
+        inputs = _inputs(args, kwargs)
+        first = _first_line(err)
         return RematError(
             f"remat: the model raises {type(err).__name__}{where} on these inputs, also without remat, so "
             f"nothing was planned: {first} Inputs: ({inputs}). Fix the inputs' shapes or dtypes (or the "

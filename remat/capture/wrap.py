@@ -47,7 +47,8 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
     """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
     ``RematError`` unchanged so users see the ``remat:`` message first. When the model itself
     fails while Dynamo traces it (a wrong input shape), raise one ``remat:`` error naming the
-    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat).
+    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat),
+    and one when the model cannot take the inputs it is called with.
     With ``takes_module`` the first argument is the module (``_entry``), not one of the inputs
     the error lists."""
 
@@ -64,8 +65,13 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
                 if isinstance(inner, RematError):
                     raise inner.with_traceback(None) from None
                 inner = getattr(inner, "inner_exception", None) or inner.__cause__
-            eager, inputs = (functools.partial(run_eagerly, args[0]), args[1:]) if takes_module else (run_eagerly, args)
-            user = model_error(e, eager, inputs, kwargs)
+            if takes_module:
+                module, inputs = args[0], args[1:]
+                eager = functools.partial(run_eagerly, module)
+                takes = None if module._forward_pre_hooks else module.forward  # a hook may change the inputs
+            else:
+                eager, inputs, takes = run_eagerly, args, run_eagerly
+            user = model_error(e, eager, inputs, kwargs, takes)
             if user is not None:
                 raise user from None
             raise
