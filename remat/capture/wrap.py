@@ -46,9 +46,10 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
                          takes_module: bool = False) -> Callable[..., Any]:
     """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
     ``RematError`` unchanged so users see the ``remat:`` message first. When the model itself
-    fails while Dynamo traces it (a wrong input shape), raise one ``remat:`` error naming the
-    model's error (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat),
-    and one when the model cannot take the inputs it is called with.
+    fails while Dynamo traces it (a wrong input shape) or while its compiled graphs run (an
+    input of the wrong dtype), raise one ``remat:`` error naming the model's error
+    (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat), and one when
+    the model cannot take the inputs it is called with.
     With ``takes_module`` the first argument is the module (``_entry``), not one of the inputs
     the error lists."""
 
