@@ -39,3 +39,14 @@ def test_input_of_the_wrong_dtype(backend):
     assert e.value.__cause__ is None and e.value.__suppress_context__
     with pytest.raises(remat.RematError, match=message):
         remat.explain(mlp(), x, backend=backend)
+
+
+@pytest.mark.parametrize("text, fix", [("0.5", r"pass the float budget=0\.5 for that fraction"),
+                                       ("1", r"pass the float budget=1\.0 for that fraction"),
+                                       ("1.5", r"a whole number of bytes; name a unit \('1\.5GiB'\)")])
+def test_budget_string_without_a_unit_that_is_not_whole_bytes(text, fix):
+    """A string is bytes: '0.5' said "bytes must be positive" (half a byte); it says to pass the
+    float for a fraction (README: the budget row)."""
+    with pytest.raises(remat.RematError, match=rf"^remat: budget must be .*got '{text}': .*{fix}"):
+        remat.checkpoint(mlp(), budget=text)
+    assert remat.Options(budget="1000000").budget.nbytes == 10**6  # a whole number is bytes
