@@ -21,6 +21,19 @@ __all__ = ["checkpoint", "explain", "pareto", "compiled_plans"]
 T = TypeVar("T")
 
 
+def _check_model(model: Any, entry: str, example: str) -> None:
+    """``model`` is a module or a function: not a class (``remat.checkpoint(nn.Linear)`` was
+    wrapped as a function and failed at the call), nor anything else."""
+    if isinstance(model, type):
+        inputs = "" if entry == "checkpoint" else ", *example_inputs"
+        raise RematError(
+            f"remat: {entry} expects an nn.Module instance or a function, got the class {model.__name__} itself. "
+            f"Pass an instance: remat.{entry}({model.__name__}(...){inputs})."
+        )
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise RematError(f"remat: {entry} expects an nn.Module or a callable, got {type(model).__name__}. {example}")
+
+
 def checkpoint(
     model: T,
     *,
@@ -46,17 +59,13 @@ def checkpoint(
     and turns off Hugging Face gradient checkpointing flags on the model, with a warning.
     A backward with ``create_graph=True`` through the outputs raises ``RematError``.
     """
+    _check_model(model, "checkpoint", "Pass the model itself (remat.checkpoint(model)) or a function of tensors.")
     options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
                       device_model=device_model)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
         return wrap_module(model, rb)  # type: ignore[return-value]
-    if callable(model):
-        return wrap_function(model, rb)  # type: ignore[return-value]
-    raise RematError(
-        f"remat: checkpoint expects an nn.Module or a callable, got {type(model).__name__}. "
-        "Pass the model itself (remat.checkpoint(model)) or a function of tensors."
-    )
+    return wrap_function(model, rb)  # type: ignore[return-value]
 
 
 def compiled_plans(model: Any) -> list[Plan]:
@@ -75,14 +84,6 @@ def compiled_plans(model: Any) -> list[Plan]:
     if rb is not None:
         return list(rb.plans)
     return [p for m in subs for p in backend_of(m).plans]
-
-
-def _check_explainable(model: Any) -> None:
-    if not isinstance(model, nn.Module) and not callable(model):
-        raise RematError(
-            f"remat: explain expects an nn.Module or a callable, got {type(model).__name__}. "
-            "Call remat.explain(model, *example_inputs)."
-        )
 
 
 def explain(
@@ -110,7 +111,7 @@ def explain(
     runs too (FSDP2's all-gathers are collectives: call explain on every rank). Under DDP the
     model is planned as one graph, not split at gradient buckets as in training
     (``remat.distributed.unsplit_by_ddp``)."""
-    _check_explainable(model)
+    _check_model(model, "explain", "Call remat.explain(model, *example_inputs).")
     overrides = {"budget": budget, "backend": backend, "policy": policy, "device_model": device_model}
     return Plan.combine(probe(model, args, kwargs, overrides, want_frontier=False).plans)
 
@@ -127,7 +128,7 @@ def pareto(
     plan on the lower convex hull of (saved bytes, estimated recompute time), each with its
     predicted peak. Needs a single captured graph. Options and the model's state as in
     ``explain``."""
-    _check_explainable(model)
+    _check_model(model, "pareto", "Call remat.pareto(model, *example_inputs).")
     overrides = {"backend": backend, "policy": policy, "device_model": device_model}
     found = probe(model, args, kwargs, overrides, want_frontier=True)
     if len(found.plans) != 1 or found.frontiers[0] is None:

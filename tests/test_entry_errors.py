@@ -50,3 +50,12 @@ def test_budget_string_without_a_unit_that_is_not_whole_bytes(text, fix):
     with pytest.raises(remat.RematError, match=rf"^remat: budget must be .*got '{text}': .*{fix}"):
         remat.checkpoint(mlp(), budget=text)
     assert remat.Options(budget="1000000").budget.nbytes == 10**6  # a whole number is bytes
+
+
+@pytest.mark.parametrize("entry", [remat.checkpoint, remat.explain, remat.pareto])
+def test_a_class_in_place_of_a_model(entry):
+    """``remat.checkpoint(nn.Linear)`` was accepted (a class is callable) and failed at the call."""
+    with pytest.raises(remat.RematError, match=rf"^remat: {entry.__name__} expects an nn.Module instance or a "
+                                               rf"function, got the class Linear itself\. Pass an instance: "
+                                               rf"remat\.{entry.__name__}\(Linear\(\.\.\.\)"):
+        entry(nn.Linear)
