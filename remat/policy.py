@@ -11,6 +11,7 @@ See Note [Normalization boundary] for the one rule that is about where recompute
 
 from __future__ import annotations
 
+import difflib
 import enum
 import fnmatch
 import inspect
@@ -147,12 +148,48 @@ class Rule:
         return self
 
 
+def _unknown_op(pattern: str) -> str | None:
+    """Why an op pattern without wildcards names no op in torch's registry (``torch.ops``), or
+    None if it names one: a packet ``aten.gelu``, an overload ``aten.mm.default``, a higher-order
+    op ``higher_order.flex_attention``, or a word that is not an ATen op's name (``getitem``)."""
+    import torch  # the registry; policy's data stays torch-free
+
+    parts = pattern.split(".")
+    if len(parts) == 1:
+        return f"it has no namespace (did you mean 'aten.{pattern}'?)" if hasattr(torch.ops.aten, pattern) else None
+    if len(parts) > 3:
+        return "an op name has at most three parts (namespace.op.overload)"
+    space = getattr(torch.ops, parts[0])
+    try:
+        packet = getattr(space, parts[1])
+    except (AttributeError, RuntimeError):
+        close = difflib.get_close_matches(parts[1], dir(space), n=1)
+        hint = f" (did you mean '{parts[0]}.{close[0]}'?)" if close else ""
+        return f"torch.ops.{parts[0]} has no op {parts[1]!r}{hint}"
+    overloads = packet.overloads() if hasattr(packet, "overloads") else []
+    if len(parts) == 3 and parts[2] not in overloads:
+        return f"{parts[0]}.{parts[1]} has no overload {parts[2]!r} (it has {', '.join(overloads) or 'none'})"
+    return None
+
+
+def _check_ops(ops: tuple[str, ...]) -> None:
+    for p in ops:
+        why = None if any(c in p for c in "*?[") else _unknown_op(p)
+        if why is not None:
+            raise PolicyError(
+                f"remat: policy op pattern {p!r} names no op: {why}. Expected an op as the joint graph "
+                "names it, such as 'aten.gelu' or 'aten.mm.default' (a pattern with a wildcard, 'aten.gelu*', "
+                "is not checked). Fix the name, or load the library that defines the op first."
+            )
+
+
 def _rule(decision: Decision, ops, modules, name: str | None) -> Rule:
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
     for p in (*ops, *modules):
         if not isinstance(p, str):
             raise PolicyError(f"remat: op and module patterns must be strings, got {p!r}.")
+    _check_ops(ops)
     if not ops and not modules:
         raise PolicyError(
             "remat: a rule needs ops=... or modules=... patterns, got neither. "

@@ -227,7 +227,7 @@ def test_user_rule_forces_recompute_and_save():
 
 def test_rule_matching_nothing_warns_at_the_users_line():
     model, x = workloads.build("mlp")
-    rule = remat.save(ops="aten.nothing_like_this")
+    rule = remat.save(ops="aten.convolution")  # an op, not in this model
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         remat.explain(remat.checkpoint(model, backend="eager", policy=rule), x)

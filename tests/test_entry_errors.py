@@ -59,3 +59,23 @@ def test_a_class_in_place_of_a_model(entry):
                                                rf"function, got the class Linear itself\. Pass an instance: "
                                                rf"remat\.{entry.__name__}\(Linear\(\.\.\.\)"):
         entry(nn.Linear)
+
+
+@pytest.mark.parametrize("pattern, why", [
+    ("aten.gelux", r"torch\.ops\.aten has no op 'gelux' \(did you mean 'aten\.gelu'\?\)"),
+    ("aten.gelu.fast", r"aten\.gelu has no overload 'fast' \(it has default, out\)"),
+    ("gelu", r"it has no namespace \(did you mean 'aten\.gelu'\?\)"),
+    ("nolib.gelu", r"torch\.ops\.nolib has no op 'gelu'"),
+])
+def test_a_policy_naming_no_op_is_refused_when_made(pattern, why):
+    """An unknown op name was accepted and only warned "matched no op" when a graph was planned."""
+    with pytest.raises(remat.PolicyError, match=rf"^remat: policy op pattern '{pattern}' names no op: {why}\. "
+                                                r"Expected an op as the joint graph names it"):
+        remat.save(ops=pattern)
+
+
+def test_policy_op_names_that_are_checked_and_pass():
+    rules = [remat.save(ops=p) for p in ("aten.gelu", "aten.mm.default", "aten._to_copy", "getitem",
+                                         "prims.convert_element_type.default", "higher_order.flex_attention",
+                                         "aten.gelux*")]  # a wildcard is not checked
+    assert [r.ops for r in rules][-1] == ("aten.gelux*",)
