@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from .errors import PolicyError
+from .logs import user_frame
 
 __all__ = [
     "Decision",
@@ -305,10 +306,29 @@ def normalize_policy(policy: object) -> Policy:
     return tuple(out)
 
 
+def _apply_user_rule(rule: Rule, op: OpInfo) -> Decision | None:
+    """``rule.apply(op)``; a user's function that raises is a broken rule, not a planning failure
+    to fall back from: a ``remat:`` error naming the rule, the op and the line that raised."""
+    try:
+        return rule.apply(op)
+    except PolicyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's rule failed, reported below
+        frame = user_frame(e.__traceback__)
+        where = f" at {frame[0]}:{frame[1]} ({frame[2]})" if frame else ""
+        first = (str(e).strip().splitlines() or [""])[0]
+        kind = op.op or "a graph input"
+        raise PolicyError(
+            f"remat: policy rule `{rule.name}` raised {type(e).__name__}{where} on op {op.name} ({kind}, module "
+            f"'{op.module}'): {first}. A rule is called on every op of the joint graph, and returns "
+            "remat.MUST_SAVE, remat.MUST_RECOMPUTE or None for each; fix the rule for ops like this one."
+        ) from e
+
+
 def decide(op: OpInfo, policy: Policy, used: set[str]) -> tuple[Decision | None, str]:
     """The decision for one op and its reason (a rule name). Adds matching user rule names to
     ``used`` (rules that match nothing get a warning from the caller)."""
-    hits = [(r, d) for r in policy if (d := r.apply(op)) is not None]
+    hits = [(r, d) for r in policy if (d := _apply_user_rule(r, op)) is not None]
     for r, _ in hits:
         used.add(r.name)
     decisions = {d for _, d in hits}

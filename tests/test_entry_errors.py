@@ -1,6 +1,8 @@
 """What a new user gets wrong at the entry points gets one ``remat:`` error that says what was
 expected, what was given and how to fix it, never a raw error from inside (issue 29, item 6)."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -79,3 +81,20 @@ def test_policy_op_names_that_are_checked_and_pass():
                                          "prims.convert_element_type.default", "higher_order.flex_attention",
                                          "aten.gelux*")]  # a wildcard is not checked
     assert [r.ops for r in rules][-1] == ("aten.gelux*",)
+
+
+def test_a_policy_rule_that_raises():
+    """A rule that raised was taken for a planning failure: one warning, the fallback plan, and
+    training went on without remat. The user's rule is broken: it raises, naming rule and op."""
+
+    def picky(op):
+        return {"aten.mm.default": remat.MUST_SAVE}[op.op]  # KeyError on every other op
+
+    message = (r"^remat: policy rule `picky` raised KeyError at tests/test_entry_errors\.py:\d+ \(picky\) on op \w+ "
+               r"\([\w.]+, module '[\w.]*'\): '[\w.]+'\. A rule is called on every op")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="remat:")  # and no "planning failed" warning
+        with pytest.raises(remat.PolicyError, match=message):
+            remat.checkpoint(mlp(), backend="eager", policy=picky)(torch.randn(3, 4))
+        with pytest.raises(remat.PolicyError, match=message):
+            remat.explain(mlp(), torch.randn(3, 4), policy=picky)
