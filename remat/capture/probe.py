@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import distributed
+from .. import compat, distributed
 from ..errors import RematError
 from ..options import Options
 from .dynamo_backend import RematBackend
@@ -80,12 +80,14 @@ def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
     """Leave the model as it was: ``explain`` runs its forward once (Dynamo runs each captured
     graph, and the code between graph breaks, on the real tensors), which updates BatchNorm's
     running statistics and ``num_batches_tracked``, draws from the random generators (dropout)
-    and could write parameters. Inside this context every parameter and buffer of ``model`` (and
-    of tensors passed as inputs that are modules) is copied, and written back afterwards where it
-    changed (its version counter moved or its values differ: kernels such as batch norm update
-    running statistics without bumping the counter); ``.grad`` of each parameter is put back (the same tensor, with its
-    values), and the CPU and CUDA generators are restored with ``torch.random.fork_rng``. The
-    copies cost the model's parameter and buffer memory while the probe runs."""
+    and could write parameters or the inputs it is given. Inside this context every parameter and
+    buffer of ``model`` (and of inputs that are modules) and every tensor among the inputs (in
+    lists, tuples and dicts too) is copied, and written back afterwards where it changed (its
+    version counter moved or its values differ: kernels such as batch norm update running
+    statistics without bumping the counter); ``.grad`` of each parameter is put back (the same
+    tensor, with its values), and the CPU and CUDA generators are restored with
+    ``torch.random.fork_rng``. The copies cost the memory of the model's parameters and buffers
+    and of the inputs while the probe runs."""
     modules = [m for m in (model, *args, *kwargs.values()) if isinstance(m, nn.Module)]
     if not modules and not isinstance(model, nn.Module):
         owner = getattr(model, "__self__", None)  # a bound method of a module
@@ -94,6 +96,9 @@ def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
     tensors: dict[int, torch.Tensor] = {}
     for m in modules:
         for t in itertools.chain(m.parameters(), m.buffers()):
+            tensors.setdefault(id(t), t)
+    for t in compat.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
             tensors.setdefault(id(t), t)
     saved = [(t, _version(t), t.detach().clone()) for t in tensors.values()]
     grads = [(t, t.grad, _version(t.grad), t.grad.detach().clone() if t.grad is not None else None)
