@@ -3,7 +3,9 @@ the planner's (``remat.planning.planner.choose``).
 
 A budget is a number of bytes (an ``int``, or a string such as ``"6GiB"``, ``"800MB"``,
 ``"1.5 GB"``) or a fraction in (0, 1] of ``eager_peak_bytes``, the predicted peak of the same
-graph saving what autograd saves. It bounds the *predicted peak* activation memory of a
+graph saving what autograd saves. A fraction is a ``float``: a string is always bytes, and one
+without a unit must be a whole number above 1 (``"0.5"`` or ``"1"`` raises and says to pass the
+float; ``"1000000"`` is a million bytes). It bounds the *predicted peak* activation memory of a
 training step (``remat.core.peak``), not the sum of saved bytes.
 
 Choosing (``remat.planning.planner.choose``): among the candidate plans (the default plan and every vertex of the
@@ -52,6 +54,15 @@ def _bad(value: object, why: str) -> RematError:
     )
 
 
+def _check_unitless(value: str, n: float) -> None:
+    """A string without a unit is bytes; a fraction or a part of a byte was meant otherwise."""
+    if 0 < n <= 1:
+        raise _bad(value, f"a string is a number of bytes, and this one reads as a fraction; pass the float "
+                          f"budget={n!r} for that fraction of eager's peak, or name a unit ('512MiB')")
+    if n != int(n):
+        raise _bad(value, "a string without a unit is a whole number of bytes; name a unit ('1.5GiB')")
+
+
 def parse_budget(value: object) -> Budget | None:
     """``None`` (no budget), a ``Budget``, an int (bytes), a float in (0, 1], or a string."""
     if value is None or isinstance(value, Budget):
@@ -70,6 +81,8 @@ def parse_budget(value: object) -> Budget | None:
         m = _PATTERN.match(value)
         if not m or m.group(2).lower() not in _UNITS:
             raise _bad(value, "unparsable; use a number and a unit among B, KB, MB, GB, KiB, MiB, GiB")
+        if not m.group(2):
+            _check_unitless(value, float(m.group(1)))
         n = float(m.group(1)) * _UNITS[m.group(2).lower()]
         if n < 1:
             raise _bad(value, "bytes must be positive")

@@ -34,7 +34,8 @@ class Options:
 
     budget: Budget | int | float | str | None = None
     """Bound on the predicted peak activation memory of a step: bytes (``int`` or ``"6GiB"``)
-    or a fraction in (0, 1] of eager autograd's predicted peak. ``None``: the default plan."""
+    or a fraction in (0, 1] of eager autograd's predicted peak, as a ``float`` (a string is
+    bytes: ``"0.5"`` raises). ``None``: the default plan."""
 
     device_model: DeviceModel | str | None = None
     """Roofline numbers for recompute-time estimates: ``"h200"``, ``"cpu"`` or a

@@ -11,13 +11,16 @@ See Note [Normalization boundary] for the one rule that is about where recompute
 
 from __future__ import annotations
 
+import difflib
 import enum
 import fnmatch
 import inspect
+import pickle
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .errors import PolicyError
+from .logs import user_frame
 
 __all__ = [
     "Decision",
@@ -123,6 +126,63 @@ class Rule:
             return None
         return self.decision
 
+    def __reduce__(self) -> tuple[type[Rule], tuple[object, ...]]:
+        """Pickling a rule (with the options of a pickled remat-wrapped model) pickles its
+        predicate: one pickle cannot save (a lambda, a nested function) raises a ``remat:`` error
+        naming the rule, rather than pickle's error about a function. Copies share the rule."""
+        if self.predicate is not None:
+            try:
+                pickle.dumps(self.predicate)
+            except Exception as e:  # noqa: BLE001 - pickle raises PicklingError, TypeError or AttributeError
+                raise PolicyError(
+                    f"remat: pickling policy rule `{self.name}` needs its function pickled, and pickle cannot save "
+                    f"it ({type(e).__name__}: {e}). Expected a function defined at the top level of a module; "
+                    "define the rule there, or save model.state_dict() and call remat.checkpoint again after "
+                    "loading it."
+                ) from None
+        return Rule, tuple(getattr(self, f.name) for f in fields(self))
+
+    def __copy__(self) -> Rule:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Rule:
+        return self
+
+
+def _unknown_op(pattern: str) -> str | None:
+    """Why an op pattern without wildcards names no op in torch's registry (``torch.ops``), or
+    None if it names one: a packet ``aten.gelu``, an overload ``aten.mm.default``, a higher-order
+    op ``higher_order.flex_attention``, or a word that is not an ATen op's name (``getitem``)."""
+    import torch  # the registry; policy's data stays torch-free
+
+    parts = pattern.split(".")
+    if len(parts) == 1:
+        return f"it has no namespace (did you mean 'aten.{pattern}'?)" if hasattr(torch.ops.aten, pattern) else None
+    if len(parts) > 3:
+        return "an op name has at most three parts (namespace.op.overload)"
+    space = getattr(torch.ops, parts[0])
+    try:
+        packet = getattr(space, parts[1])
+    except (AttributeError, RuntimeError):
+        close = difflib.get_close_matches(parts[1], dir(space), n=1)
+        hint = f" (did you mean '{parts[0]}.{close[0]}'?)" if close else ""
+        return f"torch.ops.{parts[0]} has no op {parts[1]!r}{hint}"
+    overloads = packet.overloads() if hasattr(packet, "overloads") else []
+    if len(parts) == 3 and parts[2] not in overloads:
+        return f"{parts[0]}.{parts[1]} has no overload {parts[2]!r} (it has {', '.join(overloads) or 'none'})"
+    return None
+
+
+def _check_ops(ops: tuple[str, ...]) -> None:
+    for p in ops:
+        why = None if any(c in p for c in "*?[") else _unknown_op(p)
+        if why is not None:
+            raise PolicyError(
+                f"remat: policy op pattern {p!r} names no op: {why}. Expected an op as the joint graph "
+                "names it, such as 'aten.gelu' or 'aten.mm.default' (a pattern with a wildcard, 'aten.gelu*', "
+                "is not checked). Fix the name, or load the library that defines the op first."
+            )
+
 
 def _rule(decision: Decision, ops, modules, name: str | None) -> Rule:
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
@@ -130,6 +190,7 @@ def _rule(decision: Decision, ops, modules, name: str | None) -> Rule:
     for p in (*ops, *modules):
         if not isinstance(p, str):
             raise PolicyError(f"remat: op and module patterns must be strings, got {p!r}.")
+    _check_ops(ops)
     if not ops and not modules:
         raise PolicyError(
             "remat: a rule needs ops=... or modules=... patterns, got neither. "
@@ -245,10 +306,29 @@ def normalize_policy(policy: object) -> Policy:
     return tuple(out)
 
 
+def _apply_user_rule(rule: Rule, op: OpInfo) -> Decision | None:
+    """``rule.apply(op)``; a user's function that raises is a broken rule, not a planning failure
+    to fall back from: a ``remat:`` error naming the rule, the op and the line that raised."""
+    try:
+        return rule.apply(op)
+    except PolicyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's rule failed, reported below
+        frame = user_frame(e.__traceback__)
+        where = f" at {frame[0]}:{frame[1]} ({frame[2]})" if frame else ""
+        first = (str(e).strip().splitlines() or [""])[0]
+        kind = op.op or "a graph input"
+        raise PolicyError(
+            f"remat: policy rule `{rule.name}` raised {type(e).__name__}{where} on op {op.name} ({kind}, module "
+            f"'{op.module}'): {first}. A rule is called on every op of the joint graph, and returns "
+            "remat.MUST_SAVE, remat.MUST_RECOMPUTE or None for each; fix the rule for ops like this one."
+        ) from e
+
+
 def decide(op: OpInfo, policy: Policy, used: set[str]) -> tuple[Decision | None, str]:
     """The decision for one op and its reason (a rule name). Adds matching user rule names to
     ``used`` (rules that match nothing get a warning from the caller)."""
-    hits = [(r, d) for r in policy if (d := r.apply(op)) is not None]
+    hits = [(r, d) for r in policy if (d := _apply_user_rule(r, op)) is not None]
     for r, _ in hits:
         used.add(r.name)
     decisions = {d for _, d in hits}

@@ -1,6 +1,7 @@
-"""Public API: wrapping, state_dict keys, the registered backend, explain, errors."""
+"""Public API: wrapping, state_dict keys, copies, the registered backend, explain, errors."""
 
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -9,6 +10,7 @@ import torch.nn as nn
 
 import remat
 from benchmarks import workloads
+from remat.capture.wrap import backend_of
 
 from .conftest import train_step
 
@@ -57,7 +59,7 @@ def test_entry_point_declared():
     from importlib.metadata import entry_points
 
     names = {ep.name: ep.value for ep in entry_points(group="torch_dynamo_backends")}
-    assert names.get("remat") == "remat.capture:remat_backend"
+    assert names.get("remat") == "remat.capture.dynamo_backend:remat_backend"
 
 
 def test_explain_matches_compiled_plan():
@@ -101,6 +103,50 @@ def test_train_eval_toggle():
     assert model.training and rm.training
     workloads.loss(rm(x)).backward()
     assert len(remat.compiled_plans(rm)) == 1
+
+
+# --- copies --------------------------------------------------------------------------------
+
+def test_deep_copy_stays_wrapped_with_plans_of_its_own():
+    """issue 29, item 1: ``nn.Module.__getstate__`` drops the compiled call, so a deep copy
+    trained as plain eager (no plan, no warning) and ``compiled_plans`` on it said torch.compile
+    was applied over it (Note [Copies are wrapped anew])."""
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager", budget="1GiB")
+    workloads.loss(rm(x)).backward()
+    copied = copy.deepcopy(rm)
+    assert remat.compiled_plans(copied) == []  # a backend of its own: nothing compiled yet
+    assert backend_of(copied) is not backend_of(rm) and backend_of(copied).options == backend_of(rm).options
+    assert not any(a is b for a, b in zip(copied.parameters(), rm.parameters()))
+    assert list(copied.state_dict()) == list(model.state_dict())
+    assert_trains(copied, model, x)
+    assert len(remat.compiled_plans(copied)) == 1 and len(remat.compiled_plans(rm)) == 1
+    assert str(remat.compiled_plans(copied)[0]) == str(remat.compiled_plans(rm)[0])
+    copied.eval()  # the copy's original follows the copy, the model stays as it was
+    assert rm.training and model.training and not copied.training
+    assert not any(m.training for m in copied.modules())
+
+
+def test_pickle_and_torch_save_keep_the_model_wrapped(tmp_path):
+    """issue 29, item 2: pickling failed on a weak reference (a raw TypeError); the loaded model
+    is wrapped anew, with the same options, and plans its graphs on its first step."""
+    model, x = workloads.build("mlp")
+    rm = remat.checkpoint(model, backend="eager", budget="1GiB", policy=remat.save(ops="aten.gelu"))
+    workloads.loss(rm(x)).backward()
+    torch.save(rm, tmp_path / "model.pt")
+    for loaded in (pickle.loads(pickle.dumps(rm)), torch.load(tmp_path / "model.pt", weights_only=False)):
+        assert remat.compiled_plans(loaded) == []
+        assert backend_of(loaded).options == backend_of(rm).options
+        assert_trains(loaded, model, x)
+        assert str(remat.compiled_plans(loaded)[0]) == str(remat.compiled_plans(rm)[0])
+
+
+def test_pickling_a_rule_pickle_cannot_save_is_a_remat_error():
+    rm = remat.checkpoint(nn.Linear(2, 2), backend="eager", policy=lambda op: None)
+    with pytest.raises(remat.PolicyError, match=r"^remat: pickling policy rule `<lambda>` needs its function "
+                                                r"pickled.*model.state_dict\(\)"):
+        pickle.dumps(rm)
+    assert remat.compiled_plans(copy.deepcopy(rm)) == []  # a deep copy shares the rule
 
 
 def test_plan_table_mentions_every_saved_tensor():
@@ -181,7 +227,7 @@ def test_user_rule_forces_recompute_and_save():
 
 def test_rule_matching_nothing_warns_at_the_users_line():
     model, x = workloads.build("mlp")
-    rule = remat.save(ops="aten.nothing_like_this")
+    rule = remat.save(ops="aten.convolution")  # an op, not in this model
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         remat.explain(remat.checkpoint(model, backend="eager", policy=rule), x)

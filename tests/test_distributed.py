@@ -425,7 +425,7 @@ def test_composition_matches_single_process_eager(composition, reference, tmp_pa
 def test_fsdp_per_block_plans_every_block_past_dynamos_recompile_limit(model, tmp_path):
     """Each block's forward becomes its own Dynamo frame under FSDP2 (its hooks break the
     graph); without a code object per wrapped block, blocks past the 8th ran unplanned
-    (Note [One frame per wrapped module] in remat/api.py)."""
+    (Note [One frame per wrapped module] in remat/capture/wrap.py)."""
     for r in spawn(tmp_path, "many_blocks", model):
         assert r["graphs"] == 10
         for n, g in r["ref_grads"].items():

@@ -1,5 +1,6 @@
 """``remat.explain`` and ``remat.pareto`` inspect a model without changing it: buffers,
-parameters, ``.grad`` and the random generators are as they were (issue 15, item 2)."""
+parameters, ``.grad``, the random generators and the inputs are as they were (issue 15, item 2;
+issue 29, item 11)."""
 
 import pytest
 import torch
@@ -89,3 +90,24 @@ def test_parameter_values_untouched():
     model = Clamped()
     remat.explain(model, torch.randn(2, 4, requires_grad=True))
     assert torch.equal(model.scale.detach(), torch.full((4,), 3.0))
+
+
+@pytest.mark.parametrize("probe", [remat.explain, remat.pareto])
+def test_inputs_written_in_place_are_restored(probe):
+    class Scales(nn.Module):
+        """Scales its input in place and clears a mask it is given (as some preprocessing does)."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, extra):
+            x.mul_(2.0)
+            extra["mask"].zero_()
+            return (self.lin(x) * extra["mask"]).tanh()
+
+    x, mask = torch.randn(2, 4), torch.ones(2, 4)
+    before = x.clone()
+    probe(Scales(), x, extra={"mask": mask})
+    assert torch.equal(x, before)
+    assert torch.equal(mask, torch.ones(2, 4))

@@ -1,11 +1,12 @@
 """A remat-wrapped module is freed when its last reference goes, by reference counting, without
-Python's cycle collector (Note [No reference cycle] in remat/api.py): ``del model`` frees it, its
+Python's cycle collector (Note [No reference cycle] in remat/capture/wrap.py): ``del model`` frees it, its
 parameters and the original module, so a DDP module under remat can be freed before its process
 group is destroyed (README: Tearing down)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import gc
 import traceback
@@ -133,6 +134,21 @@ def test_del_frees_a_model_wrapped_per_block():
         remat.explain(model, torch.randn(8, 16, requires_grad=True))  # probes each wrapped block
         refs = weak_refs(model, *model.blocks, *blocks, *model.parameters())
         del model, blocks, b
+        assert_freed(refs)
+
+
+def test_a_deep_copy_of_a_model_wrapped_per_block_trains_its_own_plans_and_del_frees_it():
+    """A deep copy (an EMA copy, say) is wrapped anew, block by block, with no reference cycle
+    (Note [Copies are wrapped anew] in remat/capture/wrap.py)."""
+    model = Blocks()
+    for i, b in enumerate(list(model.blocks)):
+        model.blocks[i] = remat.checkpoint(b, backend="eager")
+    with no_cycle_collector():
+        copied = copy.deepcopy(model)
+        train(copied)
+        assert len(remat.compiled_plans(copied)) == 2 and remat.compiled_plans(model) == []
+        refs = weak_refs(copied, *copied.blocks, *copied.parameters())
+        del copied
         assert_freed(refs)
 
 

@@ -77,7 +77,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_WRAPPER_FILES = {os.path.join(_PACKAGE, f) for f in ("api.py", os.path.join("capture", "dynamo_backend.py"))}
+_WRAPPER_FILES = {os.path.join(_PACKAGE, "capture", f) for f in ("wrap.py", "dynamo_backend.py")}
 
 
 def _source(node: fx.Node) -> str:
