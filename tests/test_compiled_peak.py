@@ -84,6 +84,27 @@ def test_reading_hook_that_cannot_install_warns(monkeypatch):
     assert got == []
 
 
+def test_reader_passes_over_grouped_asserts_and_names_unknown_lines():
+    # torch 2.14 checks the sizes and strides of several tensors in one GroupedAssertSizeStrideLine:
+    # it neither allocates nor frees. A line kind the reader does not know is named, never dropped.
+    from types import SimpleNamespace
+
+    from torch._inductor.codegen import wrapper
+
+    from remat.inductor.wrapper_reading import trace_of
+
+    class Unheard(wrapper.WrapperLine):
+        pass
+
+    graph = SimpleNamespace(graph_inputs={}, graph_outputs=[])
+    assert trace_of(graph, [Unheard(), Unheard()]).unknown == ("Unheard", "Unheard")
+    grouped = getattr(wrapper, "GroupedAssertSizeStrideLine", None)
+    if grouped is None:
+        pytest.skip(f"torch {torch.__version__} has no GroupedAssertSizeStrideLine (2.14 on)")
+    line = grouped(None, [("primals_1", "(4, 8)", "(8, 1)"), ("primals_2", "(8,)", "(1,)")], "input")
+    assert trace_of(graph, [line]) == GraphTrace(events=(), inputs=(), outputs=())
+
+
 def test_choose_takes_read_peaks_over_predictions():
     # The budget's re-plan: a candidate whose compiled peak was read over the budget gives way
     # to the next one, though its prediction fits.

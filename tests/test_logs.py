@@ -13,15 +13,23 @@ from remat.core.solver import ConflictError, Problem, describe, solve
 from remat.plan import format_bytes
 
 
+def _is_remats(handler: logging.Handler) -> bool:
+    return handler.get_name() == "remat-stderr"
+
+
 @pytest.fixture
 def saved_loggers():
-    """Restore the ``remat`` and ``remat.progress`` loggers after a test that configures them."""
+    """Restore the ``remat`` and ``remat.progress`` loggers after a test that configures them:
+    their levels, ``propagate`` and remat's own handlers. Other handlers are left as they are
+    then: pytest (9.2 on) attaches its capture handlers to non-propagating loggers for each test
+    phase and detaches them after it, and restoring a copy of the whole list taken at set-up
+    would keep them attached after pytest detached them."""
     loggers = [logging.getLogger("remat"), logging.getLogger(logs.PROGRESS_LOGGER_NAME)]
-    state = [(lg.level, list(lg.handlers), lg.propagate) for lg in loggers]
+    state = [(lg.level, [h for h in lg.handlers if _is_remats(h)], lg.propagate) for lg in loggers]
     yield
     for lg, (level, handlers, propagate) in zip(loggers, state):
         lg.setLevel(level)
-        lg.handlers[:] = handlers
+        lg.handlers[:] = [h for h in lg.handlers if not _is_remats(h)] + handlers
         lg.propagate = propagate
 
 
@@ -127,12 +135,16 @@ def test_progress_heartbeat_and_routing(monkeypatch, saved_loggers):
 
             time.sleep(0.1)
             done("a plan")
+        assert records[0].startswith("planning graph 7 (1234 nodes): ") and records[0].endswith(" s so far...")
+        assert records[-1].startswith("planned graph 7 (1234 nodes) in 0.") and records[-1].endswith(" s: a plan")
+        # REMAT_LOG routes the progress logger through "remat" (one handler, its level): remat's
+        # own stderr handler goes; handlers that others attached (``keep`` here; pytest 9.2 on
+        # attaches its capture handlers to every non-propagating logger) stay.
+        others = [h for h in logger.handlers if not _is_remats(h)]
+        logs.configure_from_env({"REMAT_LOG": "warning"})
+        assert not logger.isEnabledFor(logging.INFO) and logger.propagate
+        assert logger.handlers == others and keep in others
     finally:
         logger.removeHandler(keep)
-    assert records[0].startswith("planning graph 7 (1234 nodes): ") and records[0].endswith(" s so far...")
-    assert records[-1].startswith("planned graph 7 (1234 nodes) in 0.") and records[-1].endswith(" s: a plan")
-    # REMAT_LOG routes the progress logger through "remat" (one handler, its level).
-    logs.configure_from_env({"REMAT_LOG": "warning"})
-    assert not logger.isEnabledFor(logging.INFO) and logger.propagate and not logger.handlers
     logs.configure_from_env({})  # unset again: "remat" is configured, the progress logger stays routed
-    assert logger.propagate
+    assert logger.propagate and not any(_is_remats(h) for h in logger.handlers)

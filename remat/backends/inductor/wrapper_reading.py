@@ -11,10 +11,11 @@ and ``MultiOutputLine`` (an eager fallback that allocates its own outputs),
 ``PythonWrapperCodegen.run_wrapper_ir_passes`` (which runs the planning) and converts the lines
 to ``remat.core.allocations.Event``s while the graph's sizes are at hand.
 
-Checked on torch 2.11 and 2.13: the line classes, their fields (``node``, ``reused_as``,
+Checked on torch 2.11, 2.13 and 2.14: the line classes, their fields (``node``, ``reused_as``,
 ``delete_old``, ``is_reused``, ``result_name``, ``arg_name``), ``run_wrapper_ir_passes``,
 ``GraphLowering.get_allocation_storage_size``, ``graph_inputs`` and ``graph_outputs`` have the
-same names and meaning in both. Anything missing warns (Note [Version drift]) and the plan keeps
+same names and meaning in all three; 2.14 adds one line kind that neither allocates nor frees
+(``GroupedAssertSizeStrideLine``). Anything missing warns (Note [Version drift]) and the plan keeps
 the simulator's prediction; a line of a kind not listed here is named in ``GraphTrace.unknown``.
 
 What Inductor does not allocate: the scratch of extern kernels (attention's float32 query
@@ -41,6 +42,7 @@ _IGNORED = frozenset({
     "EnterDeviceContextManagerWithStreamInfoLine", "ExitDeviceContextManagerWithStreamInfoLine",
     "EnterCudaStreamContextLine", "ExitCudaStreamContextLine", "SymbolicCallArgLine", "UnbackedSymbolDefsLine",
     "AssertSizeStrideLine", "AssertDivByZeroLine", "NullLine", "DynamicScalarLine",
+    "GroupedAssertSizeStrideLine",  # 2.14: the size and stride checks of several tensors, in one call
 })
 """Line kinds that neither allocate nor free."""
 
