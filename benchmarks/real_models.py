@@ -25,6 +25,9 @@ a small Mixtral and Mamba-2), ``--models`` any of them.
     # CPU smoke test: tiny configs from the same libraries, fp32
     python benchmarks/real_models.py --tiny --out out/
     python benchmarks/real_models.py --tiny --suite --strategies eager compile remat --out out/
+    # the same without Inductor's C++ compiles (capture, planning and the split graphs, uncompiled)
+    python benchmarks/real_models.py --tiny --suite --strategies eager compile remat --compile-backend aot_eager \
+        --remat-backend eager --out out/
 
 Writes ``<tag>.json`` (after every strategy, so a run cut short still leaves its data),
 ``<tag>.md`` and ``<tag>.png`` (peak MiB against step ms) to ``--out``; with ``--profile``,
@@ -252,12 +255,17 @@ def unique_graphs() -> int | None:
         return None
 
 
+def backend_kw(backend: str | None) -> dict:
+    return {"backend": backend} if backend else {}
+
+
 def measure(name: str, wl: Workload, args, device, ref: list | None, ckpt_peak: int | None,
             profile: bool, kept: dict | None = None) -> tuple[dict, list | None, dict | None]:
     """One strategy: (row, its gradients, its kernel table if ``profile``). With ``kept``, the
     compiled step stays alive there (``kept[name] = (fn, model)``) for ``interleave``."""
     model = copy.deepcopy(wl.model)
-    fn, ctx = make(name, model, wl, ckpt_peak)
+    fn, ctx = make(name, model, wl, ckpt_peak, compile_kw=backend_kw(args.compile_backend),
+                   remat_kw=backend_kw(args.remat_backend))
     row: dict[str, Any] = {"strategy": name, "status": "ok"}
     prof = None
     with ctx, warnings.catch_warnings(record=True) as caught:
@@ -650,6 +658,10 @@ def main(argv: list[str] | None = None) -> None:
                              "(gradient errors then compare like for like)")
     parser.add_argument("--no-compile", action="store_true",
                         help="do not add torch.compile as the reference of the ratios (saves its compile time)")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile's backend (default inductor); aot_eager keeps a CPU smoke run short")
+    parser.add_argument("--remat-backend", default=None, choices=("inductor", "eager"),
+                        help="remat's backend (default inductor); eager runs the split graphs uncompiled")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=None,
@@ -702,6 +714,7 @@ def main(argv: list[str] | None = None) -> None:
             libs.append(f"{lib} unavailable ({type(e).__name__})")
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "dtype": str(dtype), "tiny": args.tiny, "no_dropout": args.no_dropout,
+               "backends": {"compile": args.compile_backend or "inductor", "remat": args.remat_backend or "inductor"},
                "libraries": libs,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "argv": argv if argv is not None else __import__("sys").argv[1:],
