@@ -17,7 +17,7 @@ against sequence length, one line per strategy, x at the shortest length that fa
 JSON (``--tag long-context-<name>``) into ``benchmarks/`` and run ``python benchmarks/render.py``:
 benchmarks/README.md shows the newest such run and draws its plot (``render_long_context.py``).
 
-Model and steps. ``real_models.build("llama")`` with batch (1, length) and
+Model and steps. ``zoo.build("llama")`` with batch (1, length) and
 ``max_position_embeddings`` raised to ``--max-seq``, built once on the CPU from one seed; each
 strategy copies it to the GPU (so no second copy of the weights sits under the cap). The
 strategies are ``real_models.make``'s: eager, eager+ckpt (the model's own
@@ -96,7 +96,7 @@ torch, cap and model) that ``--strategies`` leaves out, each noted with the file
 from, so one JSON holds the whole table; remat @cap's default start then reads compile+ckpt's
 length from whichever run measured it.
 
-``--tiny``: a tiny Llama in fp32 on the CPU (``real_models.build("llama", tiny=True)``) with an
+``--tiny``: a tiny Llama in fp32 on the CPU (``zoo.build("llama", tiny=True)``) with an
 emulated cap: there is no allocator cap on the CPU, so a probe fails when its measured step peak
 (``remat.compat.measure_cpu_peak_bytes``: storages allocated during the step, weights excluded)
 exceeds ``--cap-mib``; torch.compile uses ``--compile-backend aot_eager`` and remat its uncompiled
@@ -129,6 +129,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository: `benchmarks` as a package
 import remat  # noqa: E402
+import zoo  # noqa: E402
 from benchmarks import real_models as rm  # noqa: E402
 from benchmarks import render_long_context as rlc  # noqa: E402
 from remat import compat  # noqa: E402
@@ -331,13 +332,13 @@ class Setup:
 
     args: argparse.Namespace
     device: torch.device
-    master: rm.Workload
+    master: zoo.Workload
     """The seeded model on the CPU; each strategy copies it to the device."""
     vocab: int
     cap_bytes: int
 
 
-def measure(fn: Callable, model: torch.nn.Module, wl: rm.Workload, n: int, setup: Setup) -> Probe:
+def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setup: Setup) -> Probe:
     """The probe's steps (see the module docstring); raises what a step raises."""
     args, device = setup.args, setup.device
     cuda = device.type == "cuda"
@@ -622,7 +623,7 @@ def dynamo_sees_exporting() -> bool:
     return out
 
 
-def header(args: argparse.Namespace, argv: list[str], device: torch.device, dtype: torch.dtype, wl: rm.Workload,
+def header(args: argparse.Namespace, argv: list[str], device: torch.device, dtype: torch.dtype, wl: zoo.Workload,
            cap_bytes: int) -> dict:
     import transformers
 
@@ -729,8 +730,8 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(cap_bytes / torch.cuda.get_device_properties(device).total_memory)
     positions = max(args.max_seq, 2048)
-    master = rm.build("llama", args.tiny, torch.device("cpu"), dtype, batch=(1, args.granularity),
-                      config={"max_position_embeddings": positions})
+    master = zoo.build("llama", tiny=args.tiny, device="cpu", dtype=dtype, batch=(1, args.granularity),
+                       config={"max_position_embeddings": positions})
     setup = Setup(args, device, master, master.model.config.vocab_size, cap_bytes)
     doc = header(args, argv, device, dtype, master, cap_bytes)
     if device.type == "cuda" and dynamo_sees_exporting():

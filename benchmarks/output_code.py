@@ -17,20 +17,21 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import real_models  # noqa: E402
+import real_models  # noqa: E402  (it puts the repository root on sys.path)
 
 import remat  # noqa: E402
+import zoo  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", choices=real_models.MODELS)
+    ap.add_argument("model", choices=zoo.SUITE)
     ap.add_argument("strategy", choices=["compile", "remat"])
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU in fp32")
     ap.add_argument("--plan", help="write remat's plans (print(plan)) here")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
-    wl = real_models.build(args.model, args.tiny, device, torch.float32 if args.tiny else torch.bfloat16)
+    wl = zoo.build(args.model, tiny=args.tiny, device=device, dtype=torch.float32 if args.tiny else torch.bfloat16)
     fn = torch.compile(wl.model) if args.strategy == "compile" else remat.checkpoint(wl.model)
     real_models.step(fn, wl.model, wl)
     if args.plan and args.strategy == "remat":

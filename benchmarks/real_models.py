@@ -1,7 +1,10 @@
 """Real models side by side: eager, per-block checkpointing, torch.compile (default, with
 ``activation_memory_budget=0.5``, + per-block checkpointing) and remat (default plan and
-budgets), on HF GPT-2 124M, HF Llama (1024 wide, 12 layers), timm ViT-B/16 and torchvision
-ResNet-50, bf16 on the GPU, the models built from their own libraries and left unchanged.
+budgets), bf16 on the GPU, the models built from their own libraries and left unchanged
+(``zoo``): by default the four of the headline table (HF GPT-2 124M, HF Llama 1024 wide with 12
+layers, timm ViT-B/16, torchvision ResNet-50); ``--suite`` runs every model of ``zoo.SUITE``
+(those four and ConvNeXt-T, EfficientNet-B0, MobileNetV3-Large, Swin-T, BERT-base MLM, T5-base,
+a small Mixtral and Mamba-2), ``--models`` any of them.
 
     # anchors once per torch version (eager, eager+ckpt, compile b0.5, compile+ckpt; + compile)
     python benchmarks/real_models.py --anchors --out out/
@@ -17,8 +20,14 @@ ResNet-50, bf16 on the GPU, the models built from their own libraries and left u
     # predicted (simulator, read from Inductor) against measured peaks, no torch.compile reference
     python benchmarks/real_models.py --strategies eager remat "remat b0.5" --no-compile --warmup 1 \
         --iters 3 --time-limit 330 --tag peaks --out out/
+    # the whole suite against torch.compile, interleaved
+    python benchmarks/real_models.py --suite --strategies compile remat --interleave 5 --out out/
     # CPU smoke test: tiny configs from the same libraries, fp32
     python benchmarks/real_models.py --tiny --out out/
+    python benchmarks/real_models.py --tiny --suite --strategies eager compile remat --out out/
+    # the same without Inductor's C++ compiles (capture, planning and the split graphs, uncompiled)
+    python benchmarks/real_models.py --tiny --suite --strategies eager compile remat --compile-backend aot_eager \
+        --remat-backend eager --out out/
 
 Writes ``<tag>.json`` (after every strategy, so a run cut short still leaves its data),
 ``<tag>.md`` and ``<tag>.png`` (peak MiB against step ms) to ``--out``; with ``--profile``,
@@ -32,7 +41,8 @@ fires when Python regains control, so a long compile can overrun it).
 Protocol. Each strategy gets a deep copy of one seeded initialisation. Step = gradients set to
 None (as ``optimizer.zero_grad()``), forward, loss (HF: the model's own LM loss with
 ``labels=input_ids``; vision: cross-entropy of the float logits on fixed random labels),
-backward. The first step's wall time is "compile s"; after ``--warmup`` steps, the median of
+backward (a model without per-block checkpointing skips the ``+ckpt`` strategies, the row saying
+why). The first step's wall time is "compile s"; after ``--warmup`` steps, the median of
 ``--iters`` steps timed with CUDA events is "step ms". Measured peak = ``max_memory_allocated``
 during one step (after ``reset_peak_memory_stats``) minus ``memory_allocated`` just before it.
 
@@ -74,144 +84,34 @@ import gc
 import json
 import math
 import os
+import pathlib
 import re
 import shlex
 import signal
 import statistics
+import sys
 import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-import torch.utils.checkpoint as tuc
 
-import remat
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`, `benchmarks`
+import remat  # noqa: E402
+import zoo  # noqa: E402
+from zoo import Workload  # noqa: E402, F401  (re-exported: tests build workloads through this module)
 
 MODELS = ("gpt2", "llama", "vit", "resnet50")
+"""The four models of the headline table (``render_real_models.MODELS``); ``zoo.SUITE`` has them all."""
 STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat b0.75",
               "remat b0.5", "remat b0.3", "remat @ckpt peak")
 ANCHORS = ("eager", "eager+ckpt", "compile b0.5", "compile+ckpt")
 NORMAL = ("eager", "compile", "remat", "remat b0.75", "remat b0.5", "remat b0.3", "remat @ckpt peak")
 COMPILED = ("compile", "compile b0.5", "compile+ckpt")
 MiB = 2**20
-
-
-# ---------------------------------------------------------------------------------------------
-# Models
-
-
-@dataclass
-class Workload:
-    name: str
-    model: nn.Module
-    """Seeded initialisation, on the device, in the benchmark dtype; each strategy deep-copies it."""
-    inputs: dict[str, torch.Tensor]
-    loss: Callable[[Callable, dict], torch.Tensor]
-    """loss(fn, inputs): the scalar the step differentiates."""
-    with_ckpt: Callable[[nn.Module], nn.Module]
-    """Turns on the model's own per-block checkpointing; returns what to call."""
-    dropout: float
-    info: dict = field(default_factory=dict)
-
-
-def _hf_loss(fn: Callable, inputs: dict) -> torch.Tensor:
-    return fn(input_ids=inputs["ids"], labels=inputs["ids"]).loss
-
-
-def _ce_loss(fn: Callable, inputs: dict) -> torch.Tensor:
-    return F.cross_entropy(fn(inputs["x"]).float(), inputs["y"])
-
-
-def _hf_ckpt(model: nn.Module) -> nn.Module:
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
-
-
-def _timm_ckpt(model: nn.Module) -> nn.Module:
-    model.set_grad_checkpointing(True)
-    return model
-
-
-class StageCheckpointed(nn.Module):
-    """torchvision ResNet's forward with ``torch.utils.checkpoint`` (non-reentrant) around each
-    of its four stages; shares the ResNet's modules. (BatchNorm's running statistics are updated
-    again by the recompute, as torch.utils.checkpoint always does.)"""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.net
-        x = n.maxpool(n.relu(n.bn1(n.conv1(x))))
-        for stage in (n.layer1, n.layer2, n.layer3, n.layer4):
-            x = tuc.checkpoint(stage, x, use_reentrant=False)
-        return n.fc(torch.flatten(n.avgpool(x), 1))
-
-
-def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype, no_dropout: bool = False, *,
-          batch: tuple[int, int] | None = None, config: dict | None = None) -> Workload:
-    """The model ``name`` at the benchmark's size (or ``tiny``), seeded, with its inputs
-    (``no_dropout``: GPT-2 with all its dropout probabilities set to 0). For the HF models,
-    ``batch`` = (batch, sequence) replaces the benchmark's input shape and ``config`` adds
-    keyword arguments to the model's config (``long_context.py``: batch 1, longer positions)."""
-    torch.manual_seed(0)
-    gen = torch.Generator(device).manual_seed(1)
-    with torch.device(device):
-        if name in ("gpt2", "llama"):
-            import transformers
-
-            if name == "gpt2":
-                kw = (dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=512, bos_token_id=0,
-                           eos_token_id=0) if tiny else
-                      dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024))
-                if no_dropout:
-                    kw.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-                cfg = transformers.GPT2Config(**{**kw, **(config or {})}, attn_implementation="sdpa")
-                model = transformers.GPT2LMHeadModel(cfg)
-                (batch, seq), dropout = batch or ((2, 64) if tiny else (8, 1024)), cfg.resid_pdrop
-            else:
-                kw = (dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=512) if tiny else
-                      dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
-                           num_attention_heads=16, num_key_value_heads=4, vocab_size=32000))
-                cfg = transformers.LlamaConfig(**{**kw, **(config or {})}, attn_implementation="sdpa")
-                model = transformers.LlamaForCausalLM(cfg)
-                (batch, seq), dropout = batch or ((2, 64) if tiny else (8, 2048)), cfg.attention_dropout
-            ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, device=device)
-            inputs, loss, ckpt = {"ids": ids}, _hf_loss, _hf_ckpt
-            info = {"library": f"transformers {transformers.__version__}", "batch": [batch, seq],
-                    "attn_implementation": cfg._attn_implementation}
-        else:
-            if name == "vit":
-                import timm
-
-                model = (timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2,
-                                           num_classes=10) if tiny else
-                         timm.create_model("vit_base_patch16_224", pretrained=False))
-                ckpt, lib = _timm_ckpt, f"timm {timm.__version__}"
-                dropout = 0.0
-            else:
-                import torchvision
-
-                model = (torchvision.models.resnet18(weights=None, num_classes=10) if tiny else
-                         torchvision.models.resnet50(weights=None))
-                ckpt, lib = StageCheckpointed, f"torchvision {torchvision.__version__}"
-                dropout = 0.0
-            batch, side = (4, 32) if tiny else (128, 224)
-            classes = 10 if tiny else 1000
-            x = torch.randn(batch, 3, side, side, generator=gen, device=device).to(dtype)
-            y = torch.randint(0, classes, (batch,), generator=gen, device=device)
-            inputs, loss = {"x": x, "y": y}, _ce_loss
-            info = {"library": lib, "batch": [batch, 3, side, side]}
-    model = model.to(dtype).train()
-    info["params"] = sum(p.numel() for p in model.parameters())
-    return Workload(name, model, inputs, loss, ckpt, dropout, info)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +127,8 @@ def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, co
     ck, rk = compile_kw or {}, remat_kw or {}
     if name == "eager":
         return model, nothing
+    if name in ("eager+ckpt", "compile+ckpt") and wl.with_ckpt is None:
+        raise NoAnchor(f"{wl.name} has no per-block checkpointing: {wl.info.get('ckpt', 'none offered')}")
     if name == "eager+ckpt":
         return wl.with_ckpt(model), nothing
     if name == "compile":
@@ -353,12 +255,17 @@ def unique_graphs() -> int | None:
         return None
 
 
+def backend_kw(backend: str | None) -> dict:
+    return {"backend": backend} if backend else {}
+
+
 def measure(name: str, wl: Workload, args, device, ref: list | None, ckpt_peak: int | None,
             profile: bool, kept: dict | None = None) -> tuple[dict, list | None, dict | None]:
     """One strategy: (row, its gradients, its kernel table if ``profile``). With ``kept``, the
     compiled step stays alive there (``kept[name] = (fn, model)``) for ``interleave``."""
     model = copy.deepcopy(wl.model)
-    fn, ctx = make(name, model, wl, ckpt_peak)
+    fn, ctx = make(name, model, wl, ckpt_peak, compile_kw=backend_kw(args.compile_backend),
+                   remat_kw=backend_kw(args.remat_backend))
     row: dict[str, Any] = {"strategy": name, "status": "ok"}
     prof = None
     with ctx, warnings.catch_warnings(record=True) as caught:
@@ -619,8 +526,12 @@ def plot(results: dict, path: str) -> None:
     names = [m for m, d in results["models"].items() if any(r.get("peak_mib") for r in d["rows"])]
     if not names:
         return
-    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], names):
+    cols = min(len(names), 4)
+    rows_n = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 4.2 * rows_n), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, names):
         rows = [r for r in results["models"][model]["rows"] if r.get("status") == "ok" and r.get("peak_mib")]
         rm = sorted((r for r in rows if r["strategy"].startswith("remat")), key=lambda r: r["ms"])
         if rm:
@@ -732,18 +643,25 @@ def cleanup(device: torch.device) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=None, choices=zoo.SUITE,
+                        help=f"default: {' '.join(MODELS)}")
+    parser.add_argument("--suite", action="store_true", help=f"every model of zoo.SUITE: {' '.join(zoo.SUITE)}")
     parser.add_argument("--strategies", nargs="+", help=f"some of {STRATEGIES}")
     parser.add_argument("--anchors", action="store_true",
                         help="measure the anchor strategies and write anchors-h200-torch<version>.json to --out")
     parser.add_argument("--anchors-file", help="where to read compile+ckpt's peak (default: next to this script)")
     parser.add_argument("--tiny", action="store_true", help="tiny configs on the CPU in fp32 (smoke test)")
-    parser.add_argument("--profile", nargs="*", default=None, choices=MODELS,
+    parser.add_argument("--profile", nargs="*", default=None, choices=zoo.SUITE,
                         help="kernel table of one step for compile and remat default of these models")
     parser.add_argument("--no-dropout", action="store_true",
-                        help="GPT-2 with dropout 0 (gradient errors then compare like for like)")
+                        help="dropout (and stochastic depth) probabilities 0: GPT-2, BERT, T5, MobileNetV3, Swin "
+                             "(gradient errors then compare like for like)")
     parser.add_argument("--no-compile", action="store_true",
                         help="do not add torch.compile as the reference of the ratios (saves its compile time)")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile's backend (default inductor); aot_eager keeps a CPU smoke run short")
+    parser.add_argument("--remat-backend", default=None, choices=("inductor", "eager"),
+                        help="remat's backend (default inductor); eager runs the split graphs uncompiled")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=None,
@@ -757,6 +675,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", default="real-models")
     parser.add_argument("--out", default="out")
     args = parser.parse_args(argv)
+    if args.suite and args.models:
+        parser.error("--suite runs every model; give either it or --models")
+    args.models = list(zoo.SUITE if args.suite else args.models or MODELS)
     os.makedirs(args.out, exist_ok=True)
     if args.report:
         results, profiles = merge(args.report)
@@ -783,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
     args.warmup = args.warmup if args.warmup is not None else (1 if device.type == "cpu" else 2)
     args.iters = args.iters if args.iters is not None else (2 if device.type == "cpu" else 10)
     names = strategy_list(args)
-    profile_models = set(MODELS if args.profile == [] else args.profile or ())
+    profile_models = set(args.models if args.profile == [] else args.profile or ())
     anchor_peaks = load_anchor_peaks(anchors_path(args, device))
     libs = []
     for lib in ("transformers", "timm", "torchvision"):
@@ -793,6 +714,7 @@ def main(argv: list[str] | None = None) -> None:
             libs.append(f"{lib} unavailable ({type(e).__name__})")
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "dtype": str(dtype), "tiny": args.tiny, "no_dropout": args.no_dropout,
+               "backends": {"compile": args.compile_backend or "inductor", "remat": args.remat_backend or "inductor"},
                "libraries": libs,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "argv": argv if argv is not None else __import__("sys").argv[1:],
@@ -814,7 +736,7 @@ def main(argv: list[str] | None = None) -> None:
     for mi, model_name in enumerate(args.models):
         model_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(args.models) - mi)
         try:
-            wl = build(model_name, args.tiny, device, dtype, args.no_dropout)
+            wl = zoo.build(model_name, tiny=args.tiny, device=device, dtype=dtype, no_dropout=args.no_dropout)
         except ImportError as e:
             results["models"][model_name] = {"info": {}, "rows": [{"strategy": n, "status": "skipped",
                                                                    "error": f"not importable: {e}"} for n in names]}

@@ -35,9 +35,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import real_models as rm  # noqa: E402
+import real_models as rm  # noqa: E402  (it puts the repository root on sys.path)
 
 import remat  # noqa: E402
+import zoo  # noqa: E402
 
 VARIANTS = ("compile", "remat", "remat notags", "remat noemul", "remat extsave")
 
@@ -140,7 +141,7 @@ def main() -> None:
     device, dtype = torch.device("cuda"), torch.bfloat16
     results = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "models": {}}
     for name in args.models:
-        wl = rm.build(name, False, device, dtype)
+        wl = zoo.build(name, tiny=False, device=device, dtype=dtype)
         built = {}
         for v in args.variants:
             model = copy.deepcopy(wl.model)
