@@ -164,7 +164,8 @@ def test_the_cycle_check_can_fail():
 def test_planner_and_simulator_reach_inductor_only_through_the_backend_interface():
     """Planning, analysis, the core and the partition never import ``remat.backends.inductor``: the
     backend (``remat.backends.base.Backend``) is their only way to Inductor's knowledge."""
-    below = [n for n in MODULES if n.split(".")[1:2] in (["planning"], ["analysis"], ["core"])] + ["remat.capture.partition"]
+    stages = (["planning"], ["analysis"], ["core"])
+    below = [n for n in MODULES if n.split(".")[1:2] in stages] + ["remat.capture.partition"]
     for name in below:
         mods = [m for m, _ in _imports(name, MODULES[name])]
         assert not [m for m in mods if m.startswith(INDUCTOR_PACKAGE)], (name, mods)

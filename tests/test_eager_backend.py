@@ -30,7 +30,7 @@ def test_max_pool_is_kept_whole_and_gradients_equal_eager():
 
 
 def test_casts_run_as_aten_to_copy_with_the_same_result():
-    from remat.backends.registry.eager.backend import _aten_casts
+    from remat.backends.eager.backend import _aten_casts
 
     prim = torch.ops.prims.convert_element_type.default
 

@@ -10,11 +10,11 @@ import dataclasses
 
 import pytest
 import torch
-from remat.backends.registry.inductor import fusion
-from remat.backends.registry.inductor.kernel_model import KernelModel
 
 import remat
 from benchmarks import workloads
+from remat.backends.inductor import fusion
+from remat.backends.inductor.kernel_model import KernelModel
 from remat.core.peak import Schedule, simulate
 
 from .test_budget import measured_peak
@@ -333,9 +333,10 @@ def test_predicted_peak_matches_measured_under_inductor(name, size, budget):
 def test_cpu_flash_attention_scratch_matches_the_kernel():
     # The per-thread blocks ATen's CPU flash attention allocates inside the op (and frees before
     # it returns), read from the profiler, equal what the model charges for it.
-    from remat.backends.registry.inductor.lowering import _cpu_flash_attention_scratch
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
+
+    from remat.backends.inductor.lowering import _cpu_flash_attention_scratch
 
     q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:

@@ -12,9 +12,9 @@ import warnings
 
 import pytest
 import torch
-from remat.backends.registry.inductor import hooks, versions
 
 import remat
+from remat.backends.inductor import hooks, versions
 
 
 @pytest.fixture(autouse=True)
