@@ -336,7 +336,7 @@ def test_cpu_flash_attention_scratch_matches_the_kernel():
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
 
-    from remat.backends.inductor.lowering import _cpu_flash_attention_scratch
+    from remat.backends.aten_scratch import cpu_flash_attention_scratch
 
     q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
@@ -365,10 +365,10 @@ def test_cpu_flash_attention_scratch_matches_the_kernel():
             a.meta["val"] = t
         return graph.call_function(torch.ops.aten.add.Tensor, tuple(args))  # only args are read
 
-    assert scratch[False] == _cpu_flash_attention_scratch(node(False), backward=False) > 0
+    assert scratch[False] == cpu_flash_attention_scratch(node(False), backward=False) > 0
     # The backward's per-thread row sums (256 B each) are allocated on worker threads, which the
     # profiler does not always see.
-    model = _cpu_flash_attention_scratch(node(True), backward=True)
+    model = cpu_flash_attention_scratch(node(True), backward=True)
     assert 0 <= model - scratch[True] <= 256 * torch.get_num_threads() and scratch[True] > 0
 
 

@@ -67,9 +67,9 @@ import torch.fx as fx
 
 from ... import compat
 from ...analysis.cost import nbytes
+from ..aten_scratch import scratch_bytes
 from ..base import Backend
 from ..inductor.decompositions import eager_decompositions
-from ..inductor.lowering import extern_workspace
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 
@@ -168,7 +168,7 @@ class EagerBackend(Backend):
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
         """The scratch library kernels (convolution, attention) hold while they run, and an op's
         unread outputs while it runs (``unread_output_bytes``)."""
-        return {"workspace": tuple(extern_workspace(n) + unread_output_bytes(n) for n in nodes)}
+        return {"workspace": tuple(scratch_bytes(n) + unread_output_bytes(n) for n in nodes)}
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None

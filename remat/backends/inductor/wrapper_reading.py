@@ -19,7 +19,7 @@ the simulator's prediction; a line of a kind not listed here is named in ``Graph
 
 What Inductor does not allocate: the scratch of extern kernels (attention's float32 query
 gradient accumulator, CPU flash attention's per-thread blocks) is added while that kernel runs,
-from ``lowering.extern_workspace`` on the kernel's fx node; cuBLAS/cuDNN workspaces are
+from ``remat.backends.aten_scratch.scratch_bytes`` on the kernel's fx node; cuBLAS/cuDNN workspaces are
 allocated once per process and are not part of a step's peak; the outputs a fallback returns
 and Inductor never reads (attention's random seeds) are not counted.
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...core.allocations import Event, GraphTrace
-from .lowering import extern_workspace
+from ..aten_scratch import scratch_bytes
 from .versions import drift
 
 __all__ = ["read_allocations"]
@@ -86,7 +86,7 @@ def _scratch(node: Any) -> int:
     origin = getattr(node, "origin_node", None)
     if origin is None and hasattr(node, "get_origin_node"):
         origin = node.get_origin_node()
-    return extern_workspace(origin) if origin is not None else 0
+    return scratch_bytes(origin) if origin is not None else 0
 
 
 def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
