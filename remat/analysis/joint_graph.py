@@ -406,7 +406,8 @@ def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_ou
         names=tuple(n.name for n in nodes),
         kernel=kernels,
         caller_keeps_outputs=not (loss_in_graph or ends_at_break),
-        **(backend.schedule_fields(gm, nodes) if backend is not None else {}),
+        workspace=backend.workspace(nodes) if backend is not None else (),
+        model=backend.step_model(gm, nodes) if backend is not None else None,
     ), ids
 
 

@@ -164,11 +164,15 @@ def unread_output_bytes(node: fx.Node) -> int:
 
 class EagerBackend(Backend):
     name = "eager"
+    keeps_op_order = True
 
-    def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
+    def step_model(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> None:
+        return None  # op by op: exact
+
+    def workspace(self, nodes: list[fx.Node]) -> tuple[int, ...]:
         """The scratch library kernels (convolution, attention) hold while they run, and an op's
         unread outputs while it runs (``unread_output_bytes``)."""
-        return {"workspace": tuple(scratch_bytes(n) + unread_output_bytes(n) for n in nodes)}
+        return tuple(scratch_bytes(n) + unread_output_bytes(n) for n in nodes)
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None

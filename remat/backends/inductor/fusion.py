@@ -37,18 +37,12 @@ last time (``inplace``); a freed buffer is held for a later one of its size (``r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-__all__ = ["KINDS", "FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels",
-           "itemsize"]
+from .facts import FusionGraph, Kind
 
-KINDS = ("input", "view", "pointwise", "reduction", "outer-reduction", "extern", "random")
-"""How Inductor lowers an op: ``input`` (a placeholder), ``view`` (aliases its first input),
-``pointwise`` (an expression inlined into its readers unless realized), ``reduction`` (a stored
-reduction over the trailing dimensions, as in a layer norm), ``outer-reduction`` (a stored
-reduction over leading dimensions, as in a bias gradient), ``extern`` (a library or fallback
-kernel: stored output, stored inputs), ``random`` (a stored random value)."""
+__all__ = ["FusionRules", "CPU", "GPU", "rules_for", "replace_rules", "Lowered", "lower", "Kernel", "kernels"]
 
 # Note [Inductor realization]
 # Inductor decides while lowering the fx graph, node by node, whether a pointwise value gets a
@@ -56,7 +50,7 @@ kernel: stored output, stored inputs), ``random`` (a stored random value)."""
 # = 4; realize_acc_reads_threshold = 8 (realize_cpu_acc_reads_threshold = 12 on CPU);
 # realize_opcount_threshold = 30 (realize_cpu_opcount_threshold = 50 on CPU). "Several readers"
 # counts the distinct fx users of the node in its graph (the output node is one). The op count of
-# an inlined expression is estimated from the ops folded into it (``Schedule.ops``) plus one load
+# an inlined expression is estimated from the ops folded into it (``NodeLowering.ops``) plus one load
 # per buffer it reads; "reads" are the distinct buffers it loads.
 #
 # Note [Inductor allocation]
@@ -178,24 +172,19 @@ class _Expr:
     heavy: bool
 
 
-def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str], ops: Sequence[int],
-          heavy: Iterable[int], graph_inputs: Iterable[int], outputs: Iterable[int],
-          rules: FusionRules, numel: Sequence[int] = ()) -> Lowered:
-    """Lower one graph: ``nodes`` in execution order, ``inputs`` (per node id, of the whole
-    schedule) their operands; ``graph_inputs`` exist before it runs; ``outputs`` it returns;
-    ``numel``: the elements of each node's value (0 or absent: unknown), which show where a
-    pointwise op broadcasts an operand (Note [Broadcast realization]).
-    See the module docstring for the rules."""
-    member = set(nodes)
-    outs = set(outputs)
-    heavy = set(heavy)
-    users: dict[int, list[int]] = {v: [] for v in nodes}
-    for v in nodes:
-        for u in dict.fromkeys(inputs[v]):
+def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
+    """Lower one graph (``g.order``, the nodes in execution order; ``g.given`` exist before it
+    runs; ``g.outputs`` it returns; ``g.numel`` shows where a pointwise op broadcasts an operand,
+    Note [Broadcast realization]). See the module docstring for the rules."""
+    member = set(g.order)
+    outs = g.outputs
+    users: dict[int, list[int]] = {v: [] for v in g.order}
+    for v in g.order:
+        for u in dict.fromkeys(g.inputs[v]):
             if u in users:
                 users[u].append(v)
     stored: set[int] = set()
-    reads: dict[int, frozenset[int]] = {g: frozenset({g}) for g in graph_inputs}
+    reads: dict[int, frozenset[int]] = {u: frozenset({u}) for u in g.given}
     expr: dict[int, _Expr] = {}
     base: dict[int, int] = {}  # view -> the node whose value it views (stored or inlined)
 
@@ -209,28 +198,28 @@ def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[
                 if b == v:
                     reads[w] = reads[v]
 
-    for v in nodes:
-        k = kind[v] if v < len(kind) else "extern"
-        args = [u for u in dict.fromkeys(inputs[v]) if u in reads]
-        if k == "view":
+    for v in g.order:
+        k = g.kind(v)
+        args = [u for u in dict.fromkeys(g.inputs[v]) if u in reads]
+        if k is Kind.VIEW:
             b = base.get(args[0], args[0]) if args else v
             base[v] = b
             reads[v] = reads.get(b, frozenset())
             continue
-        if k == "pointwise":
+        if k is Kind.POINTWISE:
             for u in args:
                 b = base.get(u, u)
-                if b in expr and _broadcasts(v, b, numel) and _realize_broadcast(expr[b], rules):
+                if b in expr and _broadcasts(v, b, g) and _realize_broadcast(expr[b], rules):
                     store(b)
             inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
             rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
             members = frozenset({v}).union(*(e.members for e in inlined))
-            e = _Expr(rd, members, sum(ops[w] if w < len(ops) else 1 for w in members) + len(rd),
-                      v in heavy or any(e.heavy for e in inlined))
+            e = _Expr(rd, members, sum(g.facts[w].ops for w in members) + len(rd),
+                      g.facts[v].heavy or any(e.heavy for e in inlined))
             expr[v], reads[v] = e, rd
-            _realize_pointwise(v, e, users[v], v in outs, kind, rules, store)
+            _realize_pointwise(v, e, users[v], v in outs, g, rules, store)
             continue
-        if k == "extern":
+        if k is Kind.EXTERN:
             for u in args:
                 store(u)
         stored.add(v)
@@ -241,14 +230,14 @@ def lower(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[
     return Lowered(frozenset(stored), reads)
 
 
-def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, kind: Sequence[str],
-                       rules: FusionRules, store) -> None:
+def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, g: FusionGraph,
+                       rules: FusionRules, store: Callable[[int], None]) -> None:
     n_users = len(readers) + (1 if is_output else 0)
     n_reads = len(e.reads)
     if n_users > 1:
         if is_output:
             return store(v)
-        if n_reads > 1 and any(kind[w] == "extern" for w in readers if w < len(kind)):
+        if n_reads > 1 and any(g.is_extern(w) for w in readers):
             return store(v)
         if ((rules.realize_heavy_reuse and e.heavy) or e.ops > rules.opcount_threshold
                 or n_reads > rules.reads_threshold):
@@ -274,11 +263,9 @@ def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, ki
 # buffer at 512 tokens that Inductor never allocates).
 
 
-def _broadcasts(v: int, u: int, numel: Sequence[int]) -> bool:
+def _broadcasts(v: int, u: int, g: FusionGraph) -> bool:
     """Whether pointwise ``v`` reads ``u`` broadcast (``u`` has fewer elements, both known)."""
-    n_v = numel[v] if v < len(numel) else 0
-    n_u = numel[u] if u < len(numel) else 0
-    return 0 < n_u < n_v
+    return 0 < g.numel_of(u) < g.numel_of(v)
 
 
 def _realize_broadcast(e: _Expr, rules: FusionRules) -> bool:
@@ -305,64 +292,63 @@ class Kernel:
         return self.nodes[-1]
 
 
-def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequence[str],
-            nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, graph_inputs: Iterable[int],
-            outputs: Iterable[int], rules: FusionRules,
-            block: Sequence[str | None] = ()) -> tuple[list[Kernel], dict[int, int]]:
+def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[Kernel], dict[int, int]]:
     """The kernels of a lowered graph in execution order (see Note [Inductor allocation]), and
     the stored nodes that take over another node's storage (written in place, or reusing a freed
-    buffer): node -> that storage. ``block``: each node's block; kernels of two different blocks
-    are never fused (remat compiles with stage-local fusion, Note [Stage-local fusion])."""
-    given, outs = set(graph_inputs), set(outputs)
-    reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in inputs[v])) - {v}
-             for v in nodes if v in lowered.stored}
-
-    def numel(u: int) -> int:
-        return nbytes[u] // _ITEMSIZE.get(_dt(dtype, u), 1)
-
-    groups, mixed = _groups(nodes, kind, lowered, rules, reads, numel, block)
+    buffer): node -> that storage. Kernels of two different blocks (``NodeLowering.block``) are
+    never fused (remat compiles with stage-local fusion, Note [Stage-local fusion])."""
+    keep = g.given | g.output_storages
+    reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in g.inputs[v])) - {v}
+             for v in g.order if v in lowered.stored}
+    groups, mixed = _groups(g, lowered, rules, reads)
     whole, whole_reads = groups, reads  # what Inductor's own peak estimate counts (Note [Reuse estimate])
     if rules.local_buffers:
         # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
-        local = _local_buffers([g for g in groups if g[0] not in mixed], reads, kind, given | outs,
-                               _looped_passes(groups, reads, kind, numel, rules), rules.registers)
-        groups = [[v for v in g if v not in local] for g in groups]
+        local = _local_buffers([grp for grp in groups if grp[0] not in mixed], reads, g, keep,
+                               _looped_passes(groups, reads, g, rules), rules.registers)
+        groups = [[v for v in grp if v not in local] for grp in groups]
         reads = _through_local(reads, local)
     estimated: list[list[int]] = []  # per kernel left: its stored nodes, local buffers included
     pending: list[int] = []
-    for g, w in zip(groups, whole):
+    for grp, w in zip(groups, whole):
         pending += w
-        if g:
+        if grp:
             estimated.append(pending)
             pending = []
     if pending and estimated:
         estimated[-1] += pending
-    groups = [g for g in groups if g]
+    groups = [grp for grp in groups if grp]
     alias: dict[int, int] = {}
     if rules.inplace:
-        alias = _inplace(groups, reads, kind, nbytes, dtype, lowered, given | outs, rules.inplace_in_kernel)
+        alias = _inplace(groups, reads, g, lowered, keep, rules.inplace_in_kernel)
     fine = groups  # Inductor estimates its peak per fused kernel, before C++ kernel groups merge
     end = list(range(len(groups)))  # per group: the index in ``fine`` of its last kernel
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
-        merged: list[list[int]] = []
-        end = []
-        for k, g in enumerate(groups):
-            if (merged and not _is_extern(kind, g[0]) and not _is_extern(kind, merged[-1][-1])
-                    and _one_block(block, merged[-1] + g, rules)):
-                merged[-1] += g
-                end[-1] = k
-            else:
-                merged.append(list(g))
-                end.append(k)
-        groups = merged
+        groups, end = _merged(groups, g, rules)
     if rules.reuse:
-        alias = _reuse(groups, reads, nbytes, dtype, alias, given, outs, fine, end, rules.reuse_margin,
-                       (estimated, whole_reads))
+        alias = _reuse(_Fused(groups, reads, fine, end, estimated, whole_reads), g, alias, rules.reuse_margin)
     alias = {v: storage_of(alias, v) for v in alias}
-    held = _mix_order_workspace(groups, mixed, reads, numel, rules, block)
-    out = [Kernel(tuple(g), tuple(v for v in g if nbytes[v] and v not in alias),
-                  frozenset(alias.get(u, u) for v in g for u in reads[v]), held[i]) for i, g in enumerate(groups)]
+    held = _mix_order_workspace(groups, mixed, reads, g, rules)
+    out = [Kernel(tuple(grp), tuple(v for v in grp if g.nbytes[v] and v not in alias),
+                  frozenset(alias.get(u, u) for v in grp for u in reads[v]), held[i]) for i, grp in enumerate(groups)]
     return out, alias
+
+
+def _merged(groups: list[list[int]], g: FusionGraph, rules: FusionRules) -> tuple[list[list[int]], list[int]]:
+    """The C++ backend's kernel groups (``FusionRules.one_kernel_between_externs``): the fused
+    kernels between two extern kernels, of one block, merged; with, per merged group, the index
+    of its last fused kernel."""
+    merged: list[list[int]] = []
+    end: list[int] = []
+    for k, grp in enumerate(groups):
+        if (merged and not g.is_extern(grp[0]) and not g.is_extern(merged[-1][-1])
+                and _one_block(g, merged[-1] + grp, rules)):
+            merged[-1] += grp
+            end[-1] = k
+        else:
+            merged.append(list(grp))
+            end.append(k)
+    return merged, end
 
 
 # Note [Mix-order workspace]
@@ -377,16 +363,16 @@ def kernels(nodes: Sequence[int], inputs: Sequence[Sequence[int]], kind: Sequenc
 
 
 def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[int, frozenset[int]],
-                         numel: Callable[[int], int], rules: FusionRules,
-                         block: Sequence[str | None] = ()) -> list[int]:
+                         g: FusionGraph, rules: FusionRules) -> list[int]:
     """Workspace bytes held while each group runs (Note [Mix-order workspace])."""
+    numel = g.elements
     held = [0] * len(groups)
     if not rules.sm_count or not mixed:
         return held
     per_input: dict[int, int] = {}
     where = []
-    for i, g in enumerate(groups):
-        for v in g:
+    for i, grp in enumerate(groups):
+        for v in grp:
             if v not in mixed or not numel(v):
                 continue
             full = max(reads[v], key=numel)
@@ -400,7 +386,7 @@ def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[i
             mine = _upstream(v, reads)
             if not any(full in reads[w] and w not in mine and v not in _upstream(w, reads)
                        for h in groups for w in h if w in reads and w not in mixed and w != v
-                       and numel(w) == rows and _one_block(block, [v, w], rules)):
+                       and numel(w) == rows and _one_block(g, [v, w], rules)):
                 continue
             split = min(max(_floor_pow2(rows // (8 * rules.sm_count)), 16), 128)
             per_input[full] = per_input.get(full, 0) + 4 * cols * -(-rows // split)
@@ -413,12 +399,12 @@ def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[i
     return held
 
 
-def _one_block(block: Sequence[str | None], nodes: list[int], rules: FusionRules) -> bool:
+def _one_block(g: FusionGraph, nodes: list[int], rules: FusionRules) -> bool:
     """Whether ``nodes`` span at most one block (remat's C++ kernels are flushed between
     blocks: inductor.hooks._cpp_flush_between_stages)."""
     if not rules.stage_local:
         return True
-    return len({block[v] for v in nodes if v < len(block) and block[v] is not None}) <= 1
+    return len({b for v in nodes if (b := g.facts[v].block) is not None}) <= 1
 
 
 def _upstream(v: int, reads: dict[int, frozenset[int]]) -> set[int]:
@@ -444,34 +430,34 @@ def storage_of(alias: dict[int, int], v: int) -> int:
     return v
 
 
-def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: FusionRules,
-            reads: dict[int, frozenset[int]], numel: Callable[[int], int],
-            block: Sequence[str | None] = ()) -> tuple[list[list[int]], set[int]]:
+def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
+            reads: dict[int, frozenset[int]]) -> tuple[list[list[int]], set[int]]:
     """Stored nodes per kernel: one each, or (``kernel_groups``) every run of non-extern ones.
     With ``mix_order_splits``, a reduction over leading dimensions that shares a full read with
     a reduction over trailing dimensions starts a new run: Inductor fuses the two into a
     mix-order reduction kernel with the row-wise work between them, not with what came before
     (``scheduler.py: MixOrderReduction``; 2.11, 2.13)."""
+    numel = g.elements
     mixed: set[int] = set()
     if rules.mix_order_splits:
-        rows = [w for w in nodes if w in lowered.stored and _kind(kind, w) == "reduction"]
-        for v in nodes:
-            if v in lowered.stored and _kind(kind, v) == "outer-reduction":
+        rows = [w for w in g.order if w in lowered.stored and g.kind(w) is Kind.REDUCTION]
+        for v in g.order:
+            if v in lowered.stored and g.kind(v) is Kind.OUTER_REDUCTION:
                 big = max(map(numel, reads[v]), default=0)
                 full = {u for u in reads[v] if numel(u) == big}
                 if any(full & reads[w] for w in rows):
                     mixed.add(v)
     groups: list[list[int]] = []
     blocks: set[str] = set()  # the blocks of the current group
-    for v in nodes:
+    for v in g.order:
         if v not in lowered.stored:
             continue
-        b = block[v] if rules.stage_local and v < len(block) else None
-        if groups and _is_extern(kind, v) and _output_of(v, groups[-1], reads, kind, numel):
+        b = g.facts[v].block if rules.stage_local else None
+        if groups and g.is_extern(v) and _output_of(v, groups[-1], reads, g):
             groups[-1].append(v)  # one output of a multi-output extern kernel: allocated by it
             continue
-        if (rules.kernel_groups and groups and v not in mixed and not _is_extern(kind, v)
-                and not _is_extern(kind, groups[-1][-1]) and (b is None or not blocks or b in blocks)):
+        if (rules.kernel_groups and groups and v not in mixed and not g.is_extern(v)
+                and not g.is_extern(groups[-1][-1]) and (b is None or not blocks or b in blocks)):
             groups[-1].append(v)
         else:
             groups.append([v])
@@ -481,8 +467,8 @@ def _groups(nodes: Sequence[int], kind: Sequence[str], lowered: Lowered, rules: 
     return groups, mixed
 
 
-def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
-                   numel: Callable[[int], int], rules: FusionRules) -> dict[int, int]:
+def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,
+                   rules: FusionRules) -> dict[int, int]:
     """For the nodes of groups that reduce rows too long for a persistent kernel
     (``FusionRules.persistent_rows``): the pass of the kernel's row loop each node runs in,
     0 before the first row reduction it depends on, one more after each (Note [Looped
@@ -490,15 +476,16 @@ def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
     limit = rules.persistent_rows
     if limit is None:
         return {}
+    numel = g.elements
     passes: dict[int, int] = {}
-    for g in groups:
-        rows = [v for v in g if _kind(kind, v) == "reduction" and numel(v)
+    for grp in groups:
+        rows = [v for v in grp if g.kind(v) is Kind.REDUCTION and numel(v)
                 and max(map(numel, reads[v]), default=0) // numel(v) > limit]
         if not rows:
             continue
-        mine = set(g)
-        for v in g:
-            passes[v] = max((passes[u] + (_kind(kind, u) == "reduction") for u in reads[v] if u in mine),
+        mine = set(grp)
+        for v in grp:
+            passes[v] = max((passes[u] + (g.kind(u) is Kind.REDUCTION) for u in reads[v] if u in mine),
                             default=0)
     return passes
 
@@ -514,31 +501,29 @@ def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], ki
 # of the same size into that buffer in place (``_inplace``).
 
 
-def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], kind: Sequence[str],
-               numel: Callable[[int], int]) -> bool:
+def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], g: FusionGraph) -> bool:
     """Whether ``v`` unpacks one output of a multi-output extern kernel of ``group`` (the tuple
     node owns no storage; its outputs are allocated when that kernel runs)."""
     (u,) = reads[v] if len(reads[v]) == 1 else (None,)
-    return u is not None and u in group and _is_extern(kind, u) and not numel(u)
+    return u is not None and u in group and g.is_extern(u) and not g.elements(u)
 
 
-def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
-                   keep: set[int], passes: dict[int, int] | None = None, registers: bool = False) -> set[int]:
+def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,
+                   keep: frozenset[int], passes: dict[int, int], registers: bool) -> set[int]:
     """Stored pointwise values that every reader reads inside the same group, row by row
     (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
     per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13), Triton
     in registers, unless a later pass of a looped reduction reads them (``passes``, Note [Looped
     reductions])."""
-    passes = passes or {}
-    group_of = {v: i for i, g in enumerate(groups) for v in g}
+    group_of = {v: i for i, grp in enumerate(groups) for v in grp}
     readers: dict[int, list[int]] = {}
     for v, rd in reads.items():
         for u in rd:
             readers.setdefault(u, []).append(v)
-    return {v for v in group_of if _kind(kind, v) == "pointwise" and v not in keep and readers.get(v)
+    return {v for v in group_of if g.kind(v) is Kind.POINTWISE and v not in keep and readers.get(v)
             and all(group_of.get(w) == group_of[v] for w in readers[v])
-            and (registers or len({_kind(kind, w) for w in readers[v]}) == 1)
-            and all(_kind(kind, w) in ("pointwise", "reduction") for w in readers[v])
+            and (registers or len({g.kind(w) for w in readers[v]}) == 1)
+            and all(g.kind(w) in (Kind.POINTWISE, Kind.REDUCTION) for w in readers[v])
             and all(passes.get(w, 0) == passes.get(v, 0) for w in readers[v])}
 
 
@@ -551,69 +536,75 @@ def _through_local(reads: dict[int, frozenset[int]], local: set[int]) -> dict[in
     return {v: rd for v, rd in out.items() if v not in local}
 
 
-def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], kind: Sequence[str],
-             nbytes: Sequence[int], dtype: Sequence[str], lowered: Lowered, keep: set[int],
-             in_kernel: bool = False) -> dict[int, int]:
+def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph, lowered: Lowered,
+             keep: frozenset[int], in_kernel: bool) -> dict[int, int]:
     """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
     reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``);
     with ``in_kernel``, also into one an earlier node of its own kernel stored."""
-    group_of = {v: i for i, g in enumerate(groups) for v in g}
-    pos = {v: k for g in groups for k, v in enumerate(g)}
+    nbytes = g.nbytes
+    group_of = {v: i for i, grp in enumerate(groups) for v in grp}
+    pos = {v: k for grp in groups for k, v in enumerate(grp)}
     last: dict[int, tuple[int, int]] = {}  # storage -> (group, position) of its last reader
     for v, rd in reads.items():
         for u in rd:
             last[u] = max(last.get(u, (-1, -1)), (group_of[v], pos[v]))
     alias: dict[int, int] = {}
     taken: set[int] = set()
-    for i, g in enumerate(groups):
-        for v in g:
-            if not nbytes[v] or _is_extern(kind, v):
+    for i, grp in enumerate(groups):
+        for v in grp:
+            if not nbytes[v] or g.is_extern(v):
                 continue
             for u in sorted(reads[v]):
                 s = alias.get(u, u)
                 earlier = group_of.get(s, i) < i or (in_kernel and group_of.get(s) == i and pos[s] < pos[v])
                 if (s in lowered.stored and s not in keep and s not in taken and earlier
                         and last.get(s, (-1, -1))[0] == i and (last[s][1] == pos[v] or group_of.get(s, i) < i)
-                        and nbytes[s] == nbytes[v] and _dt(dtype, s) == _dt(dtype, v)):
+                        and nbytes[s] == nbytes[v] and g.dtype(s) == g.dtype(v)):
                     alias[v], last[s] = s, max(last[s], last.get(v, (i, pos[v])))
                     taken.add(s)
                     break
     return alias
 
 
-def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
-           dtype: Sequence[str], alias: dict[int, int], given: set[int], outs: set[int],
-           fine: list[list[int]] | None = None, end: Sequence[int] | None = None,
-           margin: float = 0.0,
-           estimated: tuple[list[list[int]], dict[int, frozenset[int]]] | None = None) -> dict[int, int]:
+@dataclass(frozen=True)
+class _Fused:
+    """A lowered graph's kernels, as buffer reuse decides over them (``_reuse``)."""
+
+    groups: list[list[int]]
+    """The stored nodes of each kernel the wrapper calls."""
+    reads: dict[int, frozenset[int]]
+    """The storages each stored node reads."""
+    fine: list[list[int]]
+    """The fused kernels ``groups`` merge (C++ kernel groups), over which Inductor estimates its
+    peak (``groups`` itself elsewhere)."""
+    end: list[int]
+    """The index in ``fine`` of each group's last kernel, where its memory-planning lines sit."""
+    estimated: list[list[int]]
+    """``fine``'s kernels with every buffer Inductor's estimate counts (Note [Reuse estimate])."""
+    estimated_reads: dict[int, frozenset[int]]
+    """What those buffers read."""
+
+
+def _reuse(fused: _Fused, g: FusionGraph, alias: dict[int, int], margin: float) -> dict[int, int]:
     """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
     of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
     graph's peak (bytes after each kernel, freeable inputs counted) allows it
     (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``; 2.11, 2.13). Freed buffers
-    are reused last in, first out. ``fine``: the fused kernels ``groups`` merge (C++ kernel
-    groups), over which Inductor estimates its peak; ``end``: the index in ``fine`` of each
-    group's last kernel, where its memory-planning lines sit. ``margin``:
-    ``FusionRules.reuse_margin``. ``estimated``: ``fine``'s kernels with the buffers Inductor's
-    estimate counts and what they read (Note [Reuse estimate]); by default ``fine`` itself, its
-    in-place writes taken into account."""
+    are reused last in, first out. ``margin``: ``FusionRules.reuse_margin``."""
+    groups, reads, end, nbytes, given, outs = fused.groups, fused.reads, fused.end, g.nbytes, g.given, g.output_storages
     alias = dict(alias)
-    if fine is None or end is None:
-        fine, end = groups, range(len(groups))
-    if estimated is None:
-        after = _estimate(fine, reads, nbytes, alias, given, outs)
-    else:
-        after = _estimate(estimated[0], estimated[1], nbytes, {}, given, outs)
+    after = _estimate(fused.estimated, fused.estimated_reads, g)
     overall = max(after, default=0)
     n = len(groups)
     last: dict[int, int] = {}
-    for i, g in enumerate(groups):
-        for v in g:
+    for i, grp in enumerate(groups):
+        for v in grp:
             last.setdefault(v, i)
             for u in reads[v]:
                 last[u] = i
     holders: dict[int, list[int]] = {}  # storage -> the nodes living in it
-    for g in groups:
-        for v in g:
+    for grp in groups:
+        for v in grp:
             if nbytes[v]:
                 holders.setdefault(storage_of(alias, v), []).append(v)
 
@@ -625,9 +616,9 @@ def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Se
     for s, t in dies.items():
         dying.setdefault(t, set()).add(s)
     pool: dict[tuple[int, str], list[tuple[int, int]]] = {}
-    for i, g in enumerate(groups):
-        for a in g:
-            key = (nbytes[a], _dt(dtype, a))
+    for i, grp in enumerate(groups):
+        for a in grp:
+            key = (nbytes[a], g.dtype(a))
             if a not in holders or not pool.get(key):
                 continue
             f, j = pool[key].pop()
@@ -644,7 +635,7 @@ def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Se
                 pool[key].append((f, j))
         for s in sorted(dying.pop(i, ())):
             if s not in given:
-                pool.setdefault((nbytes[s], _dt(dtype, s)), []).append((s, i))
+                pool.setdefault((nbytes[s], g.dtype(s)), []).append((s, i))
     return alias
 
 
@@ -662,27 +653,26 @@ def _reuse(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Se
 # (read peak 8.04 MiB, simulated 6.12).
 
 
-def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes: Sequence[int],
-              alias: dict[int, int], given: set[int], outs: set[int]) -> list[int]:
+def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph) -> list[int]:
     """Inductor's own estimate of live bytes at each kernel (``memory.estimate_peak_memory``):
     freeable inputs from the start to their last reader, each storage from its first writer to
     its last reader (outputs to the end)."""
+    nbytes, given = g.nbytes, g.given
     n = len(groups)
     last: dict[int, int] = {}
     first: dict[int, int] = {}
-    for i, g in enumerate(groups):
-        for v in g:
-            s = storage_of(alias, v)
-            first.setdefault(s, i)
-            last[s] = max(last.get(s, i), i)
+    for i, grp in enumerate(groups):
+        for v in grp:
+            first.setdefault(v, i)
+            last[v] = max(last.get(v, i), i)
             for u in reads[v]:
-                last[storage_of(alias, u)] = i
+                last[u] = i
     delta = [0] * (n + 2)
     for u in given:
         if nbytes[u] and u in last:
             delta[0] += nbytes[u]
             delta[last[u] + 1] -= nbytes[u]
-    kept = {storage_of(alias, o) for o in outs}  # outputs, also those written in place
+    kept = g.output_storages
     for s, i in first.items():
         if nbytes[s] and s not in given:
             t = n if s in kept else last[s]
@@ -693,24 +683,3 @@ def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], nbytes:
         mem += delta[i]
         after.append(mem)
     return after
-
-
-def _kind(kind: Sequence[str], v: int) -> str:
-    return kind[v] if v < len(kind) else "extern"
-
-
-def _is_extern(kind: Sequence[str], v: int) -> bool:
-    return _kind(kind, v) == "extern"
-
-
-_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
-             "uint8": 1, "int8": 1}
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (1 if unknown)."""
-    return _ITEMSIZE.get(dtype, 1)
-
-
-def _dt(dtype: Sequence[str], v: int) -> str:
-    return dtype[v] if v < len(dtype) else ""

@@ -16,10 +16,11 @@ from ...analysis import cost
 from ...analysis.joint_graph import block_of, flags, tensor_inputs, view_root
 from ...analysis.ops import CAST_OPS, op_name, packet
 from ...compat import OpOverload
-from ..aten_scratch import scratch_bytes
 from ..base import INDEX_SOURCE
+from .facts import Kind, NodeLowering
 
-__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "schedule_fields", "fusion_blocks"]
+__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "node_lowering", "node_lowerings", "fusion_blocks",
+           "index_sources"]
 
 
 def inductor_runs_extern(op: OpOverload) -> bool:
@@ -55,24 +56,24 @@ HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"
 (``StorageBox.should_realize_on_reuse``; 2.11, 2.13)."""
 
 
-def lowering_kind(node: fx.Node, extern: bool) -> str:
-    """How Inductor lowers ``node`` (``remat.backends.inductor.fusion.KINDS``). ``extern``: whether Inductor runs
-    this op as an extern kernel (``runs_extern``)."""
+def lowering_kind(node: fx.Node, extern: bool) -> Kind:
+    """How Inductor lowers ``node``. ``extern``: whether Inductor runs this op as an extern kernel
+    (``inductor_runs_extern``)."""
     if node.op != "call_function":
-        return "input"
+        return Kind.INPUT
     if view_root(node) is not node:
-        return "view"
+        return Kind.VIEW
     op = op_name(node)
     target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
     f = flags(target, op_name(target))
     if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
                                "is_mutating")) or extern:
-        return "extern"
+        return Kind.EXTERN
     if f.get("is_random"):
-        return "random"
+        return Kind.RANDOM
     if "reduction_ratio" in f:
-        return "reduction" if _reduces_last_dims(target) else "outer-reduction"
-    return "pointwise"
+        return Kind.REDUCTION if _reduces_last_dims(target) else Kind.OUTER_REDUCTION
+    return Kind.POINTWISE
 
 
 def _reduces_last_dims(node: fx.Node) -> bool:
@@ -118,16 +119,21 @@ def _own_ops(node: fx.Node) -> int:
 
 
 
-def schedule_fields(nodes: list[fx.Node]) -> dict[str, Any]:
-    """The per-node lowering facts of ``remat.core.peak.Schedule`` for a graph lowered by Inductor."""
-    return dict(
-        kind=tuple(lowering_kind(n, _runs_extern(n)) for n in nodes),
-        ops=tuple(_own_ops(n) for n in nodes),
-        dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes),
-        workspace=tuple(scratch_bytes(n) for n in nodes),
-        block=fusion_blocks(nodes),
-        heavy=frozenset(i for i, n in enumerate(nodes) if packet(op_name(n)).split(".")[-1] in HEAVY_OPS),
+def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
+    """How Inductor lowers ``node`` (``block``: its block for stage-local fusion, ``fusion_blocks``):
+    every fact the peak model reads, read here once."""
+    return NodeLowering(
+        kind=lowering_kind(node, _runs_extern(node)),
+        ops=_own_ops(node),
+        dtype=cost.dtype_name(node.meta.get("val")),
+        block=block,
+        heavy=packet(op_name(node)).split(".")[-1] in HEAVY_OPS,
     )
+
+
+def node_lowerings(nodes: list[fx.Node]) -> tuple[NodeLowering, ...]:
+    """``node_lowering`` of each of a joint graph's nodes (all but its output, in order)."""
+    return tuple(node_lowering(n, b) for n, b in zip(nodes, fusion_blocks(nodes)))
 
 
 def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
@@ -176,7 +182,7 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
     kinds = {n: lowering_kind(n, _runs_extern(n)) for n in nodes}
     sources: dict[fx.Node, set[fx.Node]] = {}  # read-free node -> its ops without tensor inputs
     for n in nodes:
-        if n.op != "call_function" or kinds[n] not in ("pointwise", "view"):
+        if n.op != "call_function" or kinds[n] not in (Kind.POINTWISE, Kind.VIEW):
             continue
         ins = [a for a in n.all_input_nodes if not _is_scalar(a)]  # a size is not a read
         if not all(a in sources for a in ins):
@@ -184,7 +190,7 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
         sources[n] = set().union(*(sources[a] for a in ins)) if ins else {n}
     keep: dict[fx.Node, str] = {}
     for n, srcs in sources.items():
-        if kinds[n] == "view" or len(_extern_readers(n, kinds)) < 2:
+        if kinds[n] is Kind.VIEW or len(_extern_readers(n, kinds)) < 2:
             continue
         tensors = [s for s in srcs if cost.numel(s.meta.get("val")) > 1] or list(srcs)
         best = min(tensors, key=lambda s: (cost.nbytes(s.meta.get("val")), nodes.index(s)))
@@ -196,15 +202,15 @@ def _is_scalar(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _extern_readers(node: fx.Node, kinds: dict[fx.Node, str]) -> set[fx.Node]:
+def _extern_readers(node: fx.Node, kinds: dict[fx.Node, Kind]) -> set[fx.Node]:
     """The extern kernels that read ``node`` directly or through views of it."""
     found: set[fx.Node] = set()
     todo = [node]
     while todo:
         for u in todo.pop().users:
             k = kinds.get(u)
-            if k == "extern":
+            if k is Kind.EXTERN:
                 found.add(u)
-            elif k == "view":
+            elif k is Kind.VIEW:
                 todo.append(u)
     return found
