@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent / "remat"
 INDUCTOR_PACKAGE = "remat.backends.inductor"
 COMPAT = "remat.compat"
 PURE_PACKAGE = "remat.core"
-PURE_ELSEWHERE = ("remat.backends.inductor.facts", "remat.backends.inductor.fusion", "remat.backends.inductor.kernel_model",
-                  "remat.units")
+PURE_ELSEWHERE = ("remat.backends.inductor.facts", "remat.backends.inductor.fusion",
+                  "remat.backends.inductor.kernel_model", "remat.units")
 """Pure modules outside the core (a package here covers its modules)."""
 
 
@@ -126,7 +126,8 @@ def test_private_torch_apis_live_in_inductor_or_compat():
                            + "; ".join(sorted(set(offenders))))
 
 
-PURE = tuple(sorted(n for n in MODULES if any(n == p or n.startswith(p + ".") for p in (PURE_PACKAGE, *PURE_ELSEWHERE))))
+PURE = tuple(sorted(n for n in MODULES
+                    if any(n == p or n.startswith(p + ".") for p in (PURE_PACKAGE, *PURE_ELSEWHERE))))
 
 
 @pytest.mark.parametrize("name", PURE)

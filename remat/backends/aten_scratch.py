@@ -34,8 +34,8 @@ def scratch_bytes(node: fx.Node) -> int:
 def cpu_convolution_scratch(node: fx.Node) -> int:
     """ATen's CPU convolutions (oneDNN) copy their operands into blocked layouts: the forward
     the larger of its input and output, the backward its output gradient and its input.
-    Measured with the profiler on torch 2.13 (1x1 and 3x3 convolutions of 16 and 64 channels:
-    within 0.02 MiB; a 3-channel input is padded, up to 0.35 MiB more). 0 on other devices,
+    Measured with the profiler (``versions.HOOKS["aten_cpu_convolution_scratch"]``: within 0.02
+    MiB; a 3-channel input is padded, up to 0.35 MiB more). 0 on other devices,
     where the library's workspace is not modelled."""
     val = node.meta.get("val")
     ins = [a.meta.get("val") for a in node.args[:2] if isinstance(a, fx.Node)]
@@ -52,8 +52,8 @@ def cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
     of 512, and gives each thread float32 buffers: the forward a score block, its row max and
     sum and an output block; the backward a score block and its gradient (plus a row sum), and
     bf16/fp16 copies of the score blocks for low-precision inputs; the backward also copies an
-    output gradient that is not contiguous in its layout. Checked against the profiler on torch
-    2.13 (tests/test_fusion_peak.py)."""
+    output gradient that is not contiguous in its layout. Checked against the profiler
+    (``versions.HOOKS["aten_cpu_flash_attention_scratch"]``, tests/test_fusion_peak.py)."""
     ins = [a.meta.get("val") for a in node.args[:4] if isinstance(a, fx.Node)]
     query = ins[1] if backward and len(ins) > 1 else (ins[0] if ins else None)
     key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)

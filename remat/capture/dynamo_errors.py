@@ -1,7 +1,7 @@
 """When the user's own model fails while Dynamo traces it (a wrong input shape, say), show one
 ``remat:`` error about the model instead of Dynamo's trace and fake-tensor log lines.
 
-Private torch names used here (checked on torch 2.13; read defensively): the exception class
+Private torch names used here (``versions.HOOKS["fake_tensor_errors"]``; read defensively): the exception class
 ``torch._dynamo.exc.TorchRuntimeError`` (Dynamo failed to run an op on fake tensors) and the
 logger ``torch._subclasses.fake_tensor``, which logs the meta kernel's traceback at ERROR level
 before Dynamo raises.

@@ -84,7 +84,8 @@ Note [Eager GELU])."""
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
     """The uncompiled backend's decompositions: Inductor's, minus random ops (Note [Eager RNG
-    order]) and ``KEPT_WHOLE`` (Note [Eager pooling], Note [Eager GELU])."""
+    order]) and ``KEPT_WHOLE`` (Note [Eager pooling], Note [Eager GELU]); ops by their schema
+    (``OpOverload._schema``: ``versions.HOOKS["op_classes"]``)."""
     return {op: fn for op, fn in eager_decompositions().items()
             if getattr(op, "_schema", None) is None or op._schema.name.split("::")[-1] not in KEPT_WHOLE}
 

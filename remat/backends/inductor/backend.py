@@ -11,13 +11,13 @@ import torch.fx as fx
 
 from ...analysis.joint_graph import device_of
 from ...core.allocations import GraphTrace, Reading, read_step
+from ...versions import check_torch_version, drift
 from ..aten_scratch import scratch_bytes
 from ..base import Backend
 from . import fusion
 from .hooks import compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
 from .lowering import index_sources, node_lowerings
-from .versions import check_torch_version, drift
 
 __all__ = ["InductorBackend", "rules_for_graph"]
 

@@ -1,7 +1,8 @@
 """What Inductor does with each op of a joint graph, as facts the peak model reads
 (``remat.backends.inductor.fusion``): how it lowers the op (pointwise, reduction, extern kernel, ...),
 how many ops it adds to an inlined expression, the scratch an extern kernel holds, and which
-ops its CPU backend counts as expensive to repeat. Checked on torch 2.11 and 2.13."""
+ops its CPU backend counts as expensive to repeat (``versions.HOOKS["lowering_tables"]``,
+``["realization"]``, ``["inline_opcount"]``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ...analysis import cost
 from ...analysis.joint_graph import block_of, flags, tensor_inputs, view_root
 from ...analysis.ops import CAST_OPS, op_name, packet
 from ...compat import OpOverload
+from ...versions import drift
 from ..base import INDEX_SOURCE
 from .facts import Kind, NodeLowering
 
@@ -27,8 +29,8 @@ def inductor_runs_extern(op: OpOverload) -> bool:
     """Whether Inductor runs ``op`` as an extern kernel (a library call or an eager fallback that
     writes a new buffer and reads realized inputs) rather than generating code for it: ops in
     ``torch._inductor.lowering.needs_realized_inputs`` or ``fallbacks``, or with no lowering at
-    all (implicit fallback). Checked on 2.11 and 2.13; a table that moved warns once
-    (Note [Version drift])."""
+    all (implicit fallback). A table that moved warns once (``versions.HOOKS["lowering_tables"]``,
+    Note [Version drift])."""
     realized, fallbacks, table = _lowering_tables()
     if op in realized or op in fallbacks:
         return True
@@ -42,18 +44,16 @@ def _lowering_tables() -> tuple[Any, Any, Any]:
     as Inductor registers lowerings, so holding them stays current."""
     from torch._inductor import lowering
 
-    from .versions import drift
-
     for name in ("needs_realized_inputs", "fallbacks", "lowerings"):
         if not hasattr(lowering, name):
-            drift("lowering facts", f"torch._inductor.lowering.{name}")
+            drift("lowering_tables", f"torch._inductor.lowering.{name}")
     return (getattr(lowering, "needs_realized_inputs", ()), getattr(lowering, "fallbacks", ()),
             getattr(lowering, "lowerings", None))
 
 
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 """Ops whose presence makes Inductor's CPU backend store a reused value rather than repeat it
-(``StorageBox.should_realize_on_reuse``; 2.11, 2.13)."""
+(``StorageBox.should_realize_on_reuse``: ``versions.HOOKS["realization"]``)."""
 
 
 def lowering_kind(node: fx.Node, extern: bool) -> Kind:
@@ -106,7 +106,7 @@ def _own_ops(node: fx.Node) -> int:
     """Ops a pointwise node adds to an inlined Inductor expression: itself and its scalar
     constants; Inductor computes low-precision values in float32, so a bf16/fp16 result adds a
     cast down and back (2) and each low-precision operand a cast up (2, with its precision-emulation
-    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (2.13)."""
+    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (``versions.HOOKS["inline_opcount"]``)."""
     if node.op != "call_function":
         return 0
     low = {a for a in tensor_inputs(node) if a.meta["val"].dtype in LOW_PRECISION}
@@ -147,10 +147,10 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     kernel reaches at most from one block's last extern kernel to the next block's first:
     nothing chains across the model, and keeping blocks apart only costs the fusions at their
     boundaries (the add+dropout+layer-norm of two GPT-2 blocks, the residual add and ReLU of
-    two ResNet blocks). Measured on an H200 (torch 2.11, bf16, one process, interleaved,
-    ``benchmarks/variant_probe.py``): without the tags ResNet-50 stepped 24.96 ms against
-    25.55 with them (torch.compile 24.62) and GPT-2 27.09 against 27.17; the measured peaks
-    did not move (3112 / 3109 MiB, 4340 / 4340 MiB)."""
+    two ResNet blocks). Measured on an H200 (bf16, one process, interleaved,
+    ``benchmarks/variant_probe.py``; ``versions.HOOKS["extern_separated_blocks"]``): without the
+    tags ResNet-50 stepped 24.96 ms against 25.55 with them (torch.compile 24.62) and GPT-2 27.09
+    against 27.17; the measured peaks did not move (3112 / 3109 MiB, 4340 / 4340 MiB)."""
     blocks = [block_of(n) if n.op == "call_function" else None for n in nodes]
     separated: dict[str, bool] = {}
     for n, b in zip(nodes, blocks):
@@ -168,7 +168,8 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
     Note [Values computed from indices]: Inductor stores a pointwise value once for all its
     readers only if computing it reads some buffer (``TensorBox.realize_hint``, which
     ``GraphLowering`` calls for the inputs of ops in ``needs_realized_inputs``: it realizes a
-    ``Pointwise`` whose ``inner_fn_opcount().nontrivial_read_count`` is not 0; 2.11, 2.13). A value
+    ``Pointwise`` whose ``inner_fn_opcount().nontrivial_read_count`` is not 0;
+    ``versions.HOOKS["index_source_realization"]``). A value
     computed from indices and constants alone (a causal mask, ``where(arange <= arange, 0, -inf)``)
     reads nothing, so every extern kernel that reads it (each layer's attention, forward and
     backward) gets a copy of its own, a full write of the mask each time. torch.compile saves the

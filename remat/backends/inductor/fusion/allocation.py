@@ -33,14 +33,14 @@ __all__ = ["Kernel", "kernels", "storage_of"]
 #   C++: try_outer_loop_fusion_with_local_buf);
 # * on GPU a reduction over the batch that shares a full input with a row reduction is fused with
 #   it into a mix-order reduction kernel, which takes no other work: it starts a new group whose
-#   inputs stay stored (``mix_order_splits``; scheduler.py: MixOrderReduction, on by default in
-#   2.11 and 2.13).
+#   inputs stay stored (``mix_order_splits``; scheduler.py: MixOrderReduction, on by default:
+#   versions.HOOKS["mix_order_reduction"]).
 # Within these groups the wrapper writes a kernel's output into a same-sized input it reads for
 # the last time (config.inplace_buffers), and holds a freed buffer for a later one of the same
 # size and dtype when Inductor's own peak estimate allows it (config.allow_buffer_reuse;
 # wrapper.py: AllocateLine.plan). These rules reproduce the measured peaks of the reference
 # workloads to a few percent (benchmarks/README.md); they are not Inductor's scheduler, and a
-# graph whose fusion they misjudge is mispredicted.
+# graph whose fusion they misjudge is mispredicted (versions.HOOKS["kernel_fusion"]).
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,7 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
     With ``mix_order_splits``, a reduction over leading dimensions that shares a full read with
     a reduction over trailing dimensions starts a new run: Inductor fuses the two into a
     mix-order reduction kernel with the row-wise work between them, not with what came before
-    (``scheduler.py: MixOrderReduction``; 2.11, 2.13)."""
+    (``scheduler.py: MixOrderReduction``; ``versions.HOOKS["mix_order_reduction"]``)."""
     numel = g.elements
     mixed: set[int] = set()
     if rules.mix_order_splits:
@@ -181,14 +181,14 @@ def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g:
 
 
 # Note [Looped reductions]
-# Triton reduces a row of more than 1024 elements (``triton.persistent_reductions``' limit for
-# inner reductions; 2.11, 2.13) in a loop over blocks of it, and a fused kernel whose work depends
-# on such a reduction's result loops over the row again: a layer norm's backward reads the row
-# once to sum it and once more to use the sums. A value the first pass computes and the second
-# reads cannot stay in registers: the kernel stores it in the first pass and loads it in the
-# second (the pointwise workload's backward kernels, rows of 4096, store tanh and sigmoid this
-# way; ``benchmarks/mem_trace.py`` shows the buffers). The kernel may then write a later value
-# of the same size into that buffer in place (``_inplace``).
+# Triton reduces a row of more than 1024 elements (``triton.persistent_reductions``' limit for inner
+# reductions; versions.HOOKS["persistent_reductions"]) in a loop over blocks of it, and a fused
+# kernel whose work depends on such a reduction's result loops over the row again: a layer norm's
+# backward reads the row once to sum it and once more to use the sums. A value the first pass
+# computes and the second reads cannot stay in registers: the kernel stores it in the first pass and
+# loads it in the second (the pointwise workload's backward kernels, rows of 4096, store tanh and
+# sigmoid this way; ``benchmarks/mem_trace.py`` shows the buffers). The kernel may then write a
+# later value of the same size into that buffer in place (``_inplace``).
 
 
 def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], g: FusionGraph) -> bool:
@@ -202,7 +202,7 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], g:
                    keep: frozenset[int], passes: dict[int, int], registers: bool) -> set[int]:
     """Stored pointwise values that every reader reads inside the same group, row by row
     (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
-    per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; 2.11, 2.13), Triton
+    per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; ``versions.HOOKS["kernel_fusion"]``), Triton
     in registers, unless a later pass of a looped reduction reads them (``passes``, Note [Looped
     reductions])."""
     group_of = {v: i for i, grp in enumerate(groups) for v in grp}
@@ -261,10 +261,10 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], g: Fusio
 # each split's partial sums to a float32 workspace, ``cols x ceil(rows / split)`` per batch
 # reduction it computes (a layer norm's weight and bias gradients: two), summed afterwards.
 # ``split`` is the largest power of two at most ``rows / (8 x SMs)``, clamped to 16..128
-# (codegen/simd.py: _codegen_mix_order_reduction; 2.11, 2.13). The wrapper hands the workspace
-# from one mix-order kernel to the next of its size (``workspace_6 = workspace_5  # reuse``),
-# so it is held from the first such kernel of a graph to the last (measured: 4 MiB through the
-# gpt backward, 16 MiB through mlp's; ``benchmarks/mem_trace.py``).
+# (codegen/simd.py: _codegen_mix_order_reduction; versions.HOOKS["mix_order_reduction"]). The
+# wrapper hands the workspace from one mix-order kernel to the next of its size (``workspace_6 =
+# workspace_5  # reuse``), so it is held from the first such kernel of a graph to the last
+# (measured: 4 MiB through the gpt backward, 16 MiB through mlp's; ``benchmarks/mem_trace.py``).
 
 
 def _mix_order_workspace(groups: list[list[int]], mixed: set[int], reads: dict[int, frozenset[int]],

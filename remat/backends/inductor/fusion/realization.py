@@ -4,7 +4,7 @@ the kernels that read them. Pure: no torch import.
 ``lower`` decides, for one graph, which values become *buffers*,
 following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_node``,
 ``ir.py: StorageBox.realize_hint / mark_reuse / has_exceeded_max_reads``,
-``lowering.py: make_reduction, needs_realized_inputs``; torch 2.11 and 2.13):
+``lowering.py: make_reduction, needs_realized_inputs``; ``versions.HOOKS["realization"]``):
 
 * graph inputs exist; graph outputs (forward outputs, saved values, gradients) are stored;
 * extern kernels (matmul, convolution, attention, ops without a lowering) store their outputs
@@ -39,12 +39,13 @@ __all__ = ["Lowered", "lower"]
 
 # Note [Inductor realization]
 # Inductor decides while lowering the fx graph, node by node, whether a pointwise value gets a
-# buffer. The thresholds below are torch/_inductor/config.py's (2.11, 2.13): realize_reads_threshold
-# = 4; realize_acc_reads_threshold = 8 (realize_cpu_acc_reads_threshold = 12 on CPU);
-# realize_opcount_threshold = 30 (realize_cpu_opcount_threshold = 50 on CPU). "Several readers"
-# counts the distinct fx users of the node in its graph (the output node is one). The op count of
-# an inlined expression is estimated from the ops folded into it (``NodeLowering.ops``) plus one load
-# per buffer it reads; "reads" are the distinct buffers it loads.
+# buffer. The thresholds (``FusionRules``) are torch/_inductor/config.py's
+# (versions.HOOKS["realization"]): realize_reads_threshold = 4; realize_acc_reads_threshold = 8
+# (realize_cpu_acc_reads_threshold = 12 on CPU); realize_opcount_threshold = 30
+# (realize_cpu_opcount_threshold = 50 on CPU). "Several readers" counts the distinct fx users of the
+# node in its graph (the output node is one). The op count of an inlined expression is estimated
+# from the ops folded into it (``NodeLowering.ops``) plus one load per buffer it reads; "reads" are
+# the distinct buffers it loads.
 #
 
 
@@ -147,16 +148,16 @@ def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, g:
 
 # Note [Broadcast realization]
 # A pointwise op that broadcasts an operand (a [rows, 1] statistic against a [rows, cols] value)
-# lowers it through ``expand``, which marks the operand reused once per copy
-# (``lowering.py: expand``, ``mark_reuse(..., graph_reuse=False)``; 2.11, 2.13). That is not
-# graph fanout: the read-count test does not apply, but the others of
-# ``StorageBox.should_realize_on_reuse`` do, so an inlined operand with an ``exp``/``log``/...
-# (CPU) or more than ``opcount_threshold`` ops is stored, however few fx readers it has. The
-# loss's ``log(sum(exp(x - max)))`` is the case that matters: on CPU the [rows, 1] log is
-# stored, so ``x - max - log(...)`` (the log-softmax, [rows, vocab] in float32) holds no heavy
-# op and stays inlined into its two readers (the gather of the target's entry and the saved
-# softmax) instead of taking a buffer (HF Llama's LM loss, vocab 32000: a 62.5 MiB float32
-# buffer at 512 tokens that Inductor never allocates).
+# lowers it through ``expand``, which marks the operand reused once per copy (``lowering.py:
+# expand``, ``mark_reuse(..., graph_reuse=False)``; versions.HOOKS["broadcast_realization"]). That
+# is not graph fanout: the read-count test does not apply, but the others of
+# ``StorageBox.should_realize_on_reuse`` do, so an inlined operand with an ``exp``/``log``/... (CPU)
+# or more than ``opcount_threshold`` ops is stored, however few fx readers it has. The loss's
+# ``log(sum(exp(x - max)))`` is the case that matters: on CPU the [rows, 1] log is stored, so ``x -
+# max - log(...)`` (the log-softmax, [rows, vocab] in float32) holds no heavy op and stays inlined
+# into its two readers (the gather of the target's entry and the saved softmax) instead of taking a
+# buffer (HF Llama's LM loss, vocab 32000: a 62.5 MiB float32 buffer at 512 tokens that Inductor
+# never allocates).
 
 
 def _broadcasts(v: int, u: int, g: FusionGraph) -> bool:

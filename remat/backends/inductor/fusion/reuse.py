@@ -32,7 +32,8 @@ def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float) ->
     """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
     of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
     graph's peak (bytes after each kernel, freeable inputs counted) allows it
-    (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``; 2.11, 2.13). Freed buffers
+    (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``;
+    ``versions.HOOKS["buffer_reuse_estimate"]``). Freed buffers
     are reused last in, first out. ``margin``: ``FusionRules.reuse_margin``."""
     groups, reads, end, nbytes, given, outs = fused.groups, fused.reads, fused.end, g.nbytes, g.given, g.output_storages
     alias = dict(alias)
@@ -85,15 +86,15 @@ def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float) ->
 # Note [Reuse estimate]
 # Whether the wrapper holds a freed buffer for a later allocation of its size is decided against
 # Inductor's own estimate of the graph's peak (``memory.estimate_peak_memory`` over the scheduler
-# nodes, ``wrapper.EfficientPeakEstimate``; 2.11, 2.13). That estimate is made before code is
-# generated: every buffer a fused kernel defines counts from that kernel to its last reader, also
-# the ones code generation then keeps in registers or a per-row local buffer, and a kernel's
-# output counts beside the input it is later written into in place. The model's copy counts the
-# same. Measured (CPU, the small float32 HF Llama at budget 0.5): a SiLU backward kernel defines
-# five 0.69 MiB buffers, one local and one written in place; Inductor estimated the backward's
-# peak at 7.97 MiB, the model's copy without them at 6.12, so the model let the five buffers be
-# freed where the wrapper held them through the attention backward for the next layer's MLP
-# (read peak 8.04 MiB, simulated 6.12).
+# nodes, ``wrapper.EfficientPeakEstimate``; versions.HOOKS["buffer_reuse_estimate"]). That estimate
+# is made before code is generated: every buffer a fused kernel defines counts from that kernel to
+# its last reader, also the ones code generation then keeps in registers or a per-row local buffer,
+# and a kernel's output counts beside the input it is later written into in place. The model's copy
+# counts the same. Measured (CPU, the small float32 HF Llama at budget 0.5): a SiLU backward kernel
+# defines five 0.69 MiB buffers, one local and one written in place; Inductor estimated the
+# backward's peak at 7.97 MiB, the model's copy without them at 6.12, so the model let the five
+# buffers be freed where the wrapper held them through the attention backward for the next layer's
+# MLP (read peak 8.04 MiB, simulated 6.12).
 
 
 def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph) -> list[int]:

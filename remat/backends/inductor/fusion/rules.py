@@ -1,6 +1,7 @@
 """Inductor's realization thresholds and allocation habits on one device, as the fusion model
 copies them: each threshold has its home here (Note [Inductor realization] names Inductor's own
-settings). Pure: no torch import."""
+settings; ``versions.HOOKS["realization"]``, ``["mix_order_reduction"]``,
+``["persistent_reductions"]``). Pure: no torch import."""
 
 from __future__ import annotations
 
