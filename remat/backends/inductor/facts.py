@@ -37,6 +37,15 @@ class Kind(enum.Enum):
     """A stored random value."""
 
 
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
+             "uint8": 1, "int8": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (1 if unknown)."""
+    return _ITEMSIZE.get(dtype, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeLowering:
     """How Inductor lowers one node, as the peak model reads it."""
@@ -102,12 +111,3 @@ class FusionGraph:
 
     def numel_of(self, v: int) -> int:
         return self.numel[v] if v < len(self.numel) else 0
-
-
-_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
-             "uint8": 1, "int8": 1}
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (1 if unknown)."""
-    return _ITEMSIZE.get(dtype, 1)
