@@ -63,7 +63,7 @@ class Backend(ABC):
                 on_peak: Callable[[Any], None] | None = None) -> Any:
         """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
         (``remat.capture.partition``), and the two halves are compiled or run as this backend does. A
-        backend that plans its own memory calls ``on_peak`` with the step's peak read from the
+        backend that ``reads_compiled_peak`` calls ``on_peak`` with the step's peak read from the
         compiled forward and backward (``remat.core.allocations.StepPeak``); others never call it."""
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
