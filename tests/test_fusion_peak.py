@@ -69,6 +69,16 @@ def stored(s, rules=None):
     return {s.names[v] for v in lowered(s, rules).stored}
 
 
+def test_a_kind_that_is_not_a_kind_is_an_internal_error():
+    # No silent default: a lowering fact is a Kind, and every node of the schedule has one.
+    with pytest.raises(remat.RematError, match="internal error"):
+        NodeLowering("extern")
+    s = graph([("x", "input", (), 0), ("a", "extern", ("x",), 100)], ["a"])
+    short = dataclasses.replace(s, model=KernelModel(s.model.rules, s.model.facts[:1]))
+    with pytest.raises(remat.RematError, match="internal error"):
+        simulate(short, set())
+
+
 def test_inlined_value_is_not_stored_and_extern_input_is():
     s = graph([("x", "input", (), 0), ("a", "extern", ("x",), 100), ("b", "pointwise", ("a",), 100),
                ("c", "pointwise", ("b",), 100), ("d", "extern", ("c",), 100)], ["d"])

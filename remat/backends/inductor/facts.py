@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ...errors import RematError
 
-__all__ = ["Kind", "NodeLowering", "FusionGraph", "itemsize"]
+__all__ = ["Kind", "NodeLowering", "FusionGraph", "check_facts", "itemsize"]
 
 
 class Kind(enum.Enum):
@@ -35,6 +35,13 @@ class Kind(enum.Enum):
     """A library or fallback kernel: stored output, stored inputs."""
     RANDOM = "random"
     """A stored random value."""
+
+
+def check_facts(facts: Sequence[NodeLowering], n: int) -> None:
+    """Facts cover a schedule of ``n`` nodes exactly (no node without a kind)."""
+    if len(facts) != n:
+        raise RematError(f"remat: internal error: lowering facts for {len(facts)} nodes, a schedule of {n} "
+                         "(please report)")
 
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
@@ -92,9 +99,8 @@ class FusionGraph:
     where a pointwise op broadcasts an operand (Note [Broadcast realization])."""
 
     def __post_init__(self) -> None:
-        if not len(self.facts) == len(self.inputs) == len(self.nbytes):
-            raise RematError(f"remat: internal error: lowering facts for {len(self.facts)} nodes, a schedule of "
-                             f"{len(self.inputs)} (please report)")
+        check_facts(self.facts, len(self.inputs))
+        check_facts(self.facts, len(self.nbytes))
 
     def kind(self, v: int) -> Kind:
         return self.facts[v].kind

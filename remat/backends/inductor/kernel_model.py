@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ...core.peak import Schedule, Step, ancestors
-from .facts import FusionGraph, Kind, NodeLowering, itemsize
+from .facts import FusionGraph, Kind, NodeLowering, check_facts, itemsize
 from .fusion import FusionRules, kernels, lower
 
 __all__ = ["KernelModel", "kernel_steps", "early_order", "elements"]
@@ -28,9 +28,11 @@ class KernelModel:
     name = "simulated: Inductor step model"
 
     def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+        check_facts(self.facts, s.n)
         return kernel_steps(s, saved, fwd, bwd, self)
 
     def in_floor(self, s: Schedule, v: int) -> bool:
+        check_facts(self.facts, s.n)
         return self.facts[v].kind is Kind.EXTERN
 
     def graph(self, s: Schedule, order: Iterable[int], given: Iterable[int], outputs: Iterable[int],
