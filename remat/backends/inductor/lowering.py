@@ -1,8 +1,9 @@
 """What Inductor does with each op of a joint graph, as facts the peak model reads
-(``remat.backends.inductor.fusion``): how it lowers the op (pointwise, reduction, extern kernel, ...),
-how many ops it adds to an inlined expression, the scratch an extern kernel holds, and which
-ops its CPU backend counts as expensive to repeat (``versions.HOOKS["lowering_tables"]``,
-``["realization"]``, ``["inline_opcount"]``)."""
+(``facts.NodeLowering``, read by ``remat.backends.inductor.fusion``): how it lowers the op
+(pointwise, reduction, extern kernel, ...), how many ops it adds to an inlined expression, which
+ops its CPU backend counts as expensive to repeat, and the block stage-local fusion keeps it in
+(``versions.HOOKS["lowering_tables"]``, ``["realization"]``, ``["inline_opcount"]``). The scratch
+an extern kernel holds is ATen's, both backends': ``remat.backends.aten_scratch``."""
 
 from __future__ import annotations
 
