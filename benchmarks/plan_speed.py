@@ -50,9 +50,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def capture_joint(blocks: int):
     """The joint graph AOTAutograd hands to the partitioner, with its arguments."""
-    from remat.backends.registry.inductor.decompositions import decomposition_table
-
     from remat import compat
+    from remat.backends.inductor.decompositions import decomposition_table
 
     grabbed = {}
 

@@ -67,8 +67,7 @@ def _no_emulation():
 
 
 def _extern_fed_saved():
-    from remat.backends.registry.inductor.lowering import _runs_extern
-
+    from remat.backends.inductor.lowering import _runs_extern
     from remat.planning import planner
 
     original = planner._decisions
@@ -104,7 +103,7 @@ def _extern_fed_saved():
 def variant_context(name: str):
     stack = contextlib.ExitStack()
     if name in ("remat notags",):
-        import remat.backends.registry.inductor.backend as ib
+        import remat.backends.inductor.backend as ib
 
         stack.enter_context(_patched(ib, "tag_stages", lambda *m: None))
     if name in ("remat noemul",):

@@ -1,7 +1,6 @@
 """The home of torch's private APIs other than Inductor's (those live in ``remat.backends.inductor``).
-Each import names the torch versions it was checked on.
-
-Checked on: torch 2.13.0 (CPU, this project's CI) and torch 2.11.0 (CUDA, the GPU machine).
+Each use cites its entry of the version table (``remat.versions.HOOKS``): the torch versions it
+was checked on and what remat does when it drifts.
 """
 
 from __future__ import annotations
@@ -13,15 +12,15 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from functorch.compile import make_boxed_func  # noqa: F401  (public; 2.11, 2.13)
+from functorch.compile import make_boxed_func  # noqa: F401  (public)
+from torch._dynamo.backends.common import aot_autograd  # noqa: F401  (versions.HOOKS["aot_autograd"])
+from torch._dynamo.backends.registry import register_backend as _register_backend  # HOOKS["register_backend"]
+from torch._functorch import config as functorch_config  # HOOKS["autograd_cache_off"], ["backward_compiled_now"]
+from torch._functorch import partitioners as _partitioners  # HOOKS["extract_fwd_bwd"], ["default_partition"]
+from torch._ops import HigherOrderOperator, OpOverload  # noqa: F401  (HOOKS["op_classes"])
+from torch.utils._pytree import tree_leaves  # noqa: F401  (HOOKS["pytree"])
 
-# torch 2.11, 2.13: AOTAutograd as a Dynamo backend, with our own partition function.
-from torch._dynamo.backends.common import aot_autograd  # noqa: F401  (2.11, 2.13)
-from torch._dynamo.backends.registry import register_backend as _register_backend  # 2.11, 2.13
-from torch._functorch import config as functorch_config  # 2.11, 2.13
-from torch._functorch import partitioners as _partitioners  # 2.11, 2.13
-from torch._ops import HigherOrderOperator, OpOverload  # noqa: F401  (op classes; 2.11, 2.13)
-from torch.utils._pytree import tree_leaves  # noqa: F401  (2.11, 2.13)
+from .versions import drift
 
 __all__ = [
     "OpOverload",
@@ -36,7 +35,6 @@ __all__ = [
     "default_store",
     "dynamo_config_patch",
     "backward_compiled_now",
-    "drift",
     "size_hint",
     "graph_break",
     "is_sym",
@@ -51,8 +49,8 @@ __all__ = [
 
 def run_uncompiled(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
     """A boxed callable that runs ``gm`` op by op and drops each input (a saved activation, say)
-    after its last use: ``torch.fx.graph._BoxedCodeGen`` (2.11, 2.13) makes the generated code
-    take the argument list and clear it."""
+    after its last use: ``torch.fx.graph._BoxedCodeGen`` makes the generated code take the
+    argument list and clear it (``versions.HOOKS["boxed_codegen"]``)."""
     from torch.fx.graph import _BoxedCodeGen
 
     gm.graph.set_codegen(_BoxedCodeGen())
@@ -75,7 +73,8 @@ def extract_fwd_bwd(
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Split the joint graph: the forward returns its outputs plus ``saved_values``; the
     backward takes them and recomputes every other forward value it needs.
-    ``_extract_fwd_bwd_modules``: 2.11, 2.13 (keyword arguments differ; filtered here)."""
+    ``_extract_fwd_bwd_modules`` (``versions.HOOKS["extract_fwd_bwd"]``: keyword arguments differ
+    between versions; filtered here)."""
     fn = _partitioners._extract_fwd_bwd_modules
     params = inspect.signature(fn).parameters
     kwargs: dict[str, Any] = {"num_fwd_outputs": num_fwd_outputs}
@@ -86,50 +85,40 @@ def extract_fwd_bwd(
 
 def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     """Save what the forward computes and the backward reads (autograd's behaviour).
-    ``default_partition``: 2.11, 2.13."""
+    ``versions.HOOKS["default_partition"]``."""
     params = inspect.signature(_partitioners.default_partition).parameters
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     return _partitioners.default_partition(joint, joint_inputs, **kwargs)
 
 
 def no_autograd_cache() -> Any:
-    """Turn off the AOTAutograd cache (its key ignores the partitioner). 2.11, 2.13."""
+    """Turn off the AOTAutograd cache (its key ignores the partitioner):
+    ``versions.HOOKS["autograd_cache_off"]``."""
     return functorch_config.patch(enable_autograd_cache=False)
 
 
 def default_store() -> Any:
     """The default process group's key-value store: ``distributed_c10d._get_default_store``
-    (checked on 2.13)."""
+    (``versions.HOOKS["default_store"]``)."""
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_store()
 
 
-@functools.cache
-def drift(what: str, missing: str, consequence: str) -> None:
-    """Warn once that ``what`` cannot use a private torch API this torch lacks (``missing``),
-    and what remat does instead: a fallback must never be silent."""
-    import warnings
-
-    warnings.warn(f"remat: {what} needs {missing}, which torch {torch.__version__} lacks (checked on "
-                  f"2.11 and 2.13); {consequence}. Please report this torch version.", stacklevel=3)
-
-
 def backward_compiled_now() -> Any:
     """Make AOTAutograd compile the backward with the forward, not at the first backward call:
     ``torch._functorch.config.force_non_lazy_backward_lowering``, read by
-    ``aot_module_simplified`` when it is called (2.11, 2.13)."""
+    ``aot_module_simplified`` when it is called (``versions.HOOKS["backward_compiled_now"]``)."""
     import contextlib
 
     if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        drift("the budget re-plan", "torch._functorch.config.force_non_lazy_backward_lowering",
-              "a plan whose compiled peak misses the budget is not replaced")
+        drift("backward_compiled_now", "torch._functorch.config.force_non_lazy_backward_lowering")
         return contextlib.nullcontext()
     return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
 
 def dynamo_config_patch(**changes: Any) -> Any:
-    """``torch._dynamo.config.patch`` (``optimize_ddp``: checked on 2.11, 2.13)."""
+    """``torch._dynamo.config.patch`` (``versions.HOOKS["dynamo_config"]``)."""
     import torch._dynamo
 
     return torch._dynamo.config.patch(**changes)
@@ -138,7 +127,7 @@ def dynamo_config_patch(**changes: Any) -> Any:
 def active_ddp_module() -> Any:
     """The ``DistributedDataParallel`` module whose forward is running, or None:
     ``DistributedDataParallel._get_active_ddp_module()``, what Dynamo itself asks before splitting
-    a graph at gradient buckets (checked on 2.13)."""
+    a graph at gradient buckets (``versions.HOOKS["active_ddp_module"]``)."""
     if not torch.distributed.is_available():
         return None
     from torch.nn.parallel import DistributedDataParallel
@@ -148,8 +137,9 @@ def active_ddp_module() -> Any:
 
 def dynamo_splits_ddp() -> bool:
     """Whether Dynamo's settings ask for graphs split at DDP's buckets: ``optimize_ddp`` left at
-    its default (``torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"``, 2.13; where
-    that function is missing, ``torch._dynamo.config.optimize_ddp`` is True or "ddp_optimizer")."""
+    its default (``torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"``; where that
+    function is missing, ``torch._dynamo.config.optimize_ddp`` is True or "ddp_optimizer":
+    ``versions.HOOKS["optimize_ddp_mode"]``)."""
     import torch._dynamo
 
     try:
@@ -163,7 +153,8 @@ def dynamo_splits_ddp() -> bool:
 def can_split_ddp() -> bool:
     """Whether this torch's DDPOptimizer is the one ``ddp_bucket_split`` was written against: it
     takes ``bucket_bytes_cap`` and ``backend_compile_fn`` and splits through
-    ``fx.passes.split_module.split_module`` (2.13). Where not, remat leaves the split to Dynamo."""
+    ``fx.passes.split_module.split_module`` (``versions.HOOKS["ddp_bucket_split"]``). Where not, remat
+    leaves the split to Dynamo, and warns."""
     try:
         from torch._dynamo.backends.distributed import DDPOptimizer
 
@@ -173,9 +164,8 @@ def can_split_ddp() -> bool:
     except (ImportError, AttributeError, OSError, TypeError):
         ok = False
     if not ok:
-        drift("remat's own DDP bucket split", "DDPOptimizer(bucket_bytes_cap, backend_compile_fn) splitting "
-              "through torch.fx.passes.split_module.split_module",
-              "Dynamo splits DDP graphs itself, and pieces may keep more than the whole graph's plan")
+        drift("ddp_bucket_split", "DDPOptimizer(bucket_bytes_cap, backend_compile_fn) splitting through "
+              "torch.fx.passes.split_module.split_module")
     return ok
 
 
@@ -187,9 +177,8 @@ def ddp_bucket_split(gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes
     one change: ``regroup(gm, piece_of_node)`` may move nodes to other pieces before the graph is
     split. DDPOptimizer computes the bucket of each node, then calls
     ``torch.fx.passes.split_module.split_module(gm, None, callback)``: for the length of the call
-    that function is replaced by one that applies ``regroup`` to the callback's answers. Checked on
-    2.13 (``DDPOptimizer(bucket_bytes_cap, backend_compile_fn)``, ``compile_fn``, and the
-    ``split_module`` call through ``torch.fx.passes.split_module``)."""
+    that function is replaced by one that applies ``regroup`` to the callback's answers
+    (``versions.HOOKS["ddp_bucket_split"]``)."""
     import torch.fx.passes.split_module as split_module_pass
     from torch._dynamo.backends.distributed import DDPOptimizer
 
@@ -211,7 +200,8 @@ def ddp_bucket_split(gm: fx.GraphModule, example_inputs: list[Any], bucket_bytes
 def dynamo_origins(node: fx.Node) -> tuple[str, ...]:
     """Names of the nodes of the graph AOTAutograd traced (Dynamo's graph) that a joint-graph node
     was traced from: ``node.meta["from_node"]``, a list of ``torch.fx.traceback.NodeSource``
-    followed back through their own ``from_node`` (checked on 2.13); empty for backward nodes."""
+    followed back through their own ``from_node`` (``versions.HOOKS["from_node"]``); empty for
+    backward nodes."""
     names: list[str] = []
     todo = list(node.meta.get("from_node") or ())
     while todo:
@@ -224,7 +214,7 @@ def dynamo_origins(node: fx.Node) -> tuple[str, ...]:
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> None:
-    """``torch._dynamo.backends.registry.register_backend``: 2.11, 2.13."""
+    """``torch._dynamo.backends.registry.register_backend`` (``versions.HOOKS["register_backend"]``)."""
     from torch._dynamo.backends.registry import _BACKENDS
 
     if name not in _BACKENDS:
@@ -233,29 +223,29 @@ def register_backend(name: str, fn: Callable[..., Any]) -> None:
 
 UNBACKED_HINT = 8192
 """The size assumed for a data-dependent (unbacked) size without a hint: the default of
-Inductor's ``unbacked_symint_fallback`` (2.11, 2.13)."""
+Inductor's ``unbacked_symint_fallback`` (``versions.HOOKS["unbacked_hint"]``)."""
 
 
 def size_hint(x: torch.SymInt) -> int:
     """A concrete value for a symbolic size, for cost estimates only (adds no guard): the example
     input's size for backed sizes; for unbacked ones (rows of ``nonzero``), the shape
-    environment's optimization hint (2.13) or ``UNBACKED_HINT`` (2.11)."""
+    environment's optimization hint or ``UNBACKED_HINT`` (``versions.HOOKS["size_hint"]``)."""
     node = x.node
     h = getattr(node, "hint", None)
     if h is not None:
         return int(h)
     fallback = UNBACKED_HINT
     env = node.shape_env
-    if hasattr(env, "optimization_hint"):  # 2.13
+    if hasattr(env, "optimization_hint"):
         return int(env.optimization_hint(node.expr, fallback=fallback))
-    h = env.size_hint(node.expr, allow_none=True)  # 2.11
+    h = env.size_hint(node.expr, allow_none=True)  # the older torch's API
     return int(h) if h is not None else fallback
 
 
 def graph_break(gm: fx.GraphModule) -> str | None:
     """``"file.py:12 (why)"`` if Dynamo ended this graph at a graph break, else None. Dynamo sets
     ``compile_subgraph_reason`` (a ``GraphCompileReason``) on the graph module it hands to the
-    backend (2.13; read defensively)."""
+    backend (read defensively: ``versions.HOOKS["graph_break_reason"]``)."""
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is None or not getattr(reason, "graph_break", False):
         return None
@@ -272,7 +262,7 @@ def is_sym(val: object) -> bool:
 
 
 def ordered_set(items: Any) -> Any:
-    """``torch.utils._ordered_set.OrderedSet``: 2.11, 2.13."""
+    """``torch.utils._ordered_set.OrderedSet`` (``versions.HOOKS["ordered_set"]``)."""
     from torch.utils._ordered_set import OrderedSet
 
     return OrderedSet(items)
@@ -281,8 +271,9 @@ def ordered_set(items: Any) -> Any:
 def measure_cpu_peak_bytes(step: Any) -> int:
     """Peak bytes of tensor storages allocated and still alive at any moment while ``step()``
     runs on CPU, from the profiler's allocation timeline (every create and destroy, timestamped).
-    Storages that existed before are not counted. ``torch.profiler``'s ``_memory_profile()``:
-    checked on 2.13 (a measurement aid for tests and benchmarks, not used when training)."""
+    Storages that existed before are not counted. ``torch.profiler``'s ``_memory_profile()``
+    (``versions.HOOKS["memory_profile"]``: a measurement aid for tests and benchmarks, not used
+    when training)."""
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
 

@@ -81,8 +81,8 @@ def _default_store() -> Any:
 
 def unsplit_by_ddp() -> Any:
     """A context in which Dynamo does not split graphs at DDP's gradient buckets
-    (``torch._dynamo.config.optimize_ddp = False``, a private torch setting, checked on 2.11,
-    2.13). ``remat.explain`` plans under it: Dynamo's DDPOptimizer needs each bucket's graph
+    (``torch._dynamo.config.optimize_ddp = False``, a private torch setting,
+    versions.HOOKS["dynamo_config"]). ``remat.explain`` plans under it: Dynamo's DDPOptimizer needs each bucket's graph
     compiled through AOTAutograd to trace the next one, and explain stops after planning. So
     explain shows DDP models planned as one graph; ``compiled_plans`` shows the bucket graphs
     training planned."""

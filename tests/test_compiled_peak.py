@@ -72,9 +72,10 @@ def test_read_step_finds_the_loss_by_its_scalar_gradient():
 
 
 def test_reading_hook_that_cannot_install_warns(monkeypatch):
-    from remat.backends.registry.inductor import versions
-    from remat.backends.registry.inductor.wrapper_reading import read_allocations
     from torch._inductor.codegen import wrapper
+
+    from remat import versions
+    from remat.backends.inductor.wrapper_reading import read_allocations
 
     monkeypatch.setattr(versions, "_warned", set())
     monkeypatch.delattr(wrapper.PythonWrapperCodegen, "run_wrapper_ir_passes")

@@ -30,7 +30,7 @@ def test_max_pool_is_kept_whole_and_gradients_equal_eager():
 
 
 def test_casts_run_as_aten_to_copy_with_the_same_result():
-    from remat.backends.registry.eager.backend import _aten_casts
+    from remat.backends.eager.backend import _aten_casts
 
     prim = torch.ops.prims.convert_element_type.default
 
@@ -92,3 +92,18 @@ def _seeded(model, x, seed):
     out = model(xx)
     out.square().mean().backward()
     return [out, xx.grad, *(p.grad for p in model.parameters())]
+
+
+def test_backends_say_what_they_can_do_by_attribute():
+    """Capabilities are ``Backend`` attributes, never name compares (issue 24): only the uncompiled
+    backend runs the partitioned graphs in remat's order (nested plans hold), only Inductor's reads
+    the compiled step's peak (a budget's re-plan), and ATen's scratch is both backends' workspace."""
+    from remat.backends.registry import backend_for
+
+    eager, inductor = backend_for("eager"), backend_for("inductor")
+    assert eager.keeps_op_order and not eager.reads_compiled_peak
+    assert inductor.reads_compiled_peak and not inductor.keeps_op_order
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    assert eager.step_model(gm, nodes) is None  # op by op
+    assert len(inductor.step_model(gm, nodes).facts) == len(nodes) == len(inductor.workspace(nodes))

@@ -10,11 +10,12 @@ import dataclasses
 
 import pytest
 import torch
-from remat.backends.registry.inductor import fusion
-from remat.backends.registry.inductor.kernel_model import KernelModel
 
 import remat
 from benchmarks import workloads
+from remat.backends.inductor import fusion
+from remat.backends.inductor.facts import Kind, NodeLowering
+from remat.backends.inductor.kernel_model import KernelModel
 from remat.core.peak import Schedule, simulate
 
 from .test_budget import measured_peak
@@ -22,11 +23,14 @@ from .test_budget import measured_peak
 # --- hand-made graphs -------------------------------------------------------------------------
 
 
-def graph(spec, outputs, dtype=None, heavy=(), rules=fusion.GPU):
+def graph(spec, outputs, dtype=None, heavy=(), rules=fusion.GPU, ops=None):
     """A forward-only schedule from ``[(name, kind, inputs, nbytes), ...]``; inputs by name.
-    Kind ``input`` nodes are graph inputs (parameters: no bytes)."""
+    Kind ``input`` nodes are graph inputs (parameters: no bytes). ``ops``: each node's
+    ``NodeLowering.ops`` (1 each by default)."""
     names = [s[0] for s in spec]
     ids = {n: i for i, n in enumerate(names)}
+    facts = tuple(NodeLowering(Kind(s[1]), ops=ops[i] if ops else 1, dtype=(dtype or ["float32"] * len(spec))[i],
+                               heavy=s[0] in heavy) for i, s in enumerate(spec))
     return Schedule(
         inputs=tuple(tuple(ids[u] for u in s[2]) for s in spec),
         nbytes=tuple(s[3] for s in spec),
@@ -37,21 +41,42 @@ def graph(spec, outputs, dtype=None, heavy=(), rules=fusion.GPU):
         fwd_outputs=tuple(ids[n] for n in outputs),
         bwd_outputs=(),
         names=tuple(names),
-        kind=tuple(s[1] for s in spec),
-        dtype=tuple(dtype or ["float32"] * len(spec)),
-        heavy=frozenset(ids[n] for n in heavy),
-        model=KernelModel(rules),
+        model=KernelModel(rules, facts),
     )
 
 
-def lowered(s, rules=None):
+def with_rules(s, rules):
+    """``s`` simulated under other fusion rules."""
+    return dataclasses.replace(s, model=KernelModel(rules, s.model.facts))
+
+
+def fusion_graph(s, numel=()):
+    """The forward of a hand-made schedule as ``fusion`` lowers it (no sizes by default: no
+    broadcast seen)."""
     nodes = [v for v in range(s.n) if v not in s.graph_input]
-    return fusion.lower(nodes, s.inputs, s.kind, s.ops or (1,) * s.n, s.heavy, s.graph_input,
-                        s.fwd_outputs, rules or s.model.rules)
+    return s.model.graph(s, nodes, s.graph_input, s.fwd_outputs, numel)
+
+
+def lowered(s, rules=None):
+    return fusion.lower(fusion_graph(s), rules or s.model.rules)
+
+
+def kernels(s, rules=None):
+    return fusion.kernels(fusion_graph(s), lowered(s, rules), rules or s.model.rules)
 
 
 def stored(s, rules=None):
     return {s.names[v] for v in lowered(s, rules).stored}
+
+
+def test_a_kind_that_is_not_a_kind_is_an_internal_error():
+    # No silent default: a lowering fact is a Kind, and every node of the schedule has one.
+    with pytest.raises(remat.RematError, match="internal error"):
+        NodeLowering("extern")
+    s = graph([("x", "input", (), 0), ("a", "extern", ("x",), 100)], ["a"])
+    short = dataclasses.replace(s, model=KernelModel(s.model.rules, s.model.facts[:1]))
+    with pytest.raises(remat.RematError, match="internal error"):
+        simulate(short, set())
 
 
 def test_inlined_value_is_not_stored_and_extern_input_is():
@@ -91,13 +116,10 @@ def test_broadcast_heavy_value_is_stored_on_cpu_and_its_reader_inlined():
             ("l", "pointwise", ("r",), 40), ("z", "pointwise", ("a", "l"), 4000),
             ("e", "pointwise", ("z",), 4000), ("g", "pointwise", ("z",), 40), ("s", "reduction", ("g",), 4)]
     s = graph(spec, ["e", "s"], heavy=["l", "e"])
-    numel = [n // 4 for n in s.nbytes]
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
+    numel = tuple(n // 4 for n in s.nbytes)
 
     def stored_with(rules):
-        low = fusion.lower(nodes, s.inputs, s.kind, (1,) * s.n, s.heavy, s.graph_input, s.fwd_outputs,
-                           rules, numel)
-        return {s.names[v] for v in low.stored}
+        return {s.names[v] for v in fusion.lower(fusion_graph(s, numel), rules).stored}
 
     assert stored_with(fusion.CPU) == {"a", "r", "l", "e", "s"}
     assert stored(s, fusion.CPU) == {"a", "r", "z", "e", "s"}  # without sizes: no broadcast seen
@@ -151,15 +173,13 @@ def test_pointwise_kernel_writes_in_place_into_a_dying_buffer():
     spec = [("x", "input", (), 0), ("a", "extern", ("x",), 100), ("c", "extern", ("x",), 100),
             ("b", "pointwise", ("a", "c"), 100), ("e", "extern", ("b",), 100)]
     s = graph(spec, ["e"])
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
     ids = {n: i for i, n in enumerate(s.names)}
-    _, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                              s.fwd_outputs, s.model.rules)
+    _, alias = kernels(s)
     assert alias[ids["b"]] == ids["a"]  # written in place
     assert alias[ids["e"]] == ids["c"]  # the matmul's output reuses c, freed by the kernel before
     assert simulate(s, set()).peak_bytes == 200  # never three buffers at once
-    plain = KernelModel(dataclasses.replace(s.model.rules, inplace=False, reuse=False))
-    assert simulate(dataclasses.replace(s, model=plain), set()).peak_bytes == 300
+    plain = dataclasses.replace(s.model.rules, inplace=False, reuse=False)
+    assert simulate(with_rules(s, plain), set()).peak_bytes == 300
 
 
 def test_kernel_group_allocates_its_buffers_together():
@@ -170,8 +190,8 @@ def test_kernel_group_allocates_its_buffers_together():
     s = graph(spec, ["e"])
     one_by_one = dataclasses.replace(fusion.GPU, kernel_groups=False, inplace=False, reuse=False)
     grouped = dataclasses.replace(fusion.CPU, inplace=False, reuse=False)
-    assert simulate(dataclasses.replace(s, model=KernelModel(one_by_one)), set()).peak_bytes == 200
-    assert simulate(dataclasses.replace(s, model=KernelModel(grouped)), set()).peak_bytes == 300
+    assert simulate(with_rules(s, one_by_one), set()).peak_bytes == 200
+    assert simulate(with_rules(s, grouped), set()).peak_bytes == 300
 
 
 def test_cpu_local_buffer_is_not_stored():
@@ -180,9 +200,7 @@ def test_cpu_local_buffer_is_not_stored():
             ("u1", "pointwise", ("p",), 100), ("u2", "pointwise", ("p",), 100),
             ("o", "pointwise", ("u1", "u2"), 100), ("e", "extern", ("o",), 100)]
     s = graph(spec, ["e"], heavy=["p"], rules=fusion.CPU)
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
-    ks, _ = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                           s.fwd_outputs, s.model.rules)
+    ks, _ = kernels(s)
     allocated = {s.names[v] for k in ks for v in k.allocs}
     assert "p" in stored(s) and "p" not in allocated
 
@@ -196,10 +214,8 @@ def test_what_a_local_buffer_reads_lives_until_its_kernel_runs():
             ("u1", "pointwise", ("p",), 100), ("u2", "pointwise", ("p",), 100),
             ("o", "pointwise", ("u1", "u2"), 60)]
     for rules in (fusion.CPU, fusion.GPU):
-        s = dataclasses.replace(graph(spec, ["o"], heavy=["p"], rules=rules), ops=(1, 1, 40, 1, 1, 1))
-        nodes = [v for v in range(s.n) if v not in s.graph_input]
-        ks, _ = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                               s.fwd_outputs, s.model.rules)
+        s = graph(spec, ["o"], heavy=["p"], rules=rules, ops=(1, 1, 40, 1, 1, 1))
+        ks, _ = kernels(s)
         assert [[s.names[v] for v in k.allocs] for k in ks] == [["a"], ["o"]]
         assert s.names.index("a") in ks[1].reads
         assert simulate(s, set()).peak_bytes == 160  # a and o together
@@ -213,10 +229,8 @@ def test_held_buffer_decision_counts_local_buffers_as_inductors_estimate_does():
     spec = [("x", "input", (), 0), ("a", "extern", ("x",), 100), ("b", "extern", ("a",), 80),
             ("c", "extern", ("b",), 90), ("d", "extern", ("c",), 100), ("p", "pointwise", ("d",), 100),
             ("u1", "pointwise", ("p",), 100), ("u2", "pointwise", ("p",), 100), ("o", "pointwise", ("u1", "u2"), 100)]
-    s = dataclasses.replace(graph(spec, ["o"]), ops=(1, 1, 1, 1, 1, 40, 1, 1, 1))
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
-    ks, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                               s.fwd_outputs, s.model.rules)
+    s = graph(spec, ["o"], ops=(1, 1, 1, 1, 1, 40, 1, 1, 1))
+    ks, alias = kernels(s)
     named = {s.names[k]: s.names[v] for k, v in alias.items()}
     assert named == {"d": "a", "o": "a"}  # d held a's buffer; o was written into d
     assert simulate(s, set()).peak_bytes == 270
@@ -230,10 +244,8 @@ def _row_kernel(cols, rules=fusion.GPU):
     spec = [("x", "input", (), 0), ("a", "extern", ("x",), n), ("p", "pointwise", ("a",), n),
             ("r", "reduction", ("a",), 8 * 4), ("o1", "pointwise", ("p", "r"), n),
             ("o2", "pointwise", ("p", "r"), n), ("e", "extern", ("o1", "o2", "a"), n)]
-    s = dataclasses.replace(graph(spec, ["e"], rules=rules), ops=(1, 1, 40, 1, 1, 1, 1))
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
-    ks, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                               s.fwd_outputs, s.model.rules)
+    s = graph(spec, ["e"], rules=rules, ops=(1, 1, 40, 1, 1, 1, 1))
+    ks, alias = kernels(s)
     return s, {s.names[v] for k in ks for v in k.allocs}, {s.names[k]: s.names[v] for k, v in alias.items()}
 
 
@@ -248,7 +260,7 @@ def test_looped_reduction_stores_what_a_later_pass_reads():
     n = s.nbytes[1]
     assert simulate(s, set()).peak_bytes == 4 * n  # a, o1, o2 (in p's buffer), then e
     no_inplace = dataclasses.replace(s.model.rules, inplace_in_kernel=False)
-    no_inplace_s = dataclasses.replace(s, model=KernelModel(no_inplace))
+    no_inplace_s = with_rules(s, no_inplace)
     assert simulate(no_inplace_s, set()).peak_bytes == 4 * n + 32  # a, p, o1, o2, r
     _, allocated, _ = _row_kernel(2048, fusion.CPU)  # C++ keeps a whole row in a local buffer
     assert "p" not in allocated
@@ -282,9 +294,7 @@ def _mix_order(rows, cols, sibling=True):
             ("p", "pointwise", ("a",) if sibling else ("a", "r"), rows * cols * 4),
             ("w", "outer-reduction", ("p",), cols * 4), ("e", "extern", ("r", "w"), 4)]
     s = graph(spec, ["e"])
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
-    ks, _ = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                           s.fwd_outputs, s.model.rules)
+    ks, _ = kernels(s)
     return s, max(k.held for k in ks)
 
 
@@ -333,9 +343,10 @@ def test_predicted_peak_matches_measured_under_inductor(name, size, budget):
 def test_cpu_flash_attention_scratch_matches_the_kernel():
     # The per-thread blocks ATen's CPU flash attention allocates inside the op (and frees before
     # it returns), read from the profiler, equal what the model charges for it.
-    from remat.backends.registry.inductor.lowering import _cpu_flash_attention_scratch
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
+
+    from remat.backends.aten_scratch import cpu_flash_attention_scratch
 
     q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
@@ -364,10 +375,10 @@ def test_cpu_flash_attention_scratch_matches_the_kernel():
             a.meta["val"] = t
         return graph.call_function(torch.ops.aten.add.Tensor, tuple(args))  # only args are read
 
-    assert scratch[False] == _cpu_flash_attention_scratch(node(False), backward=False) > 0
+    assert scratch[False] == cpu_flash_attention_scratch(node(False), backward=False) > 0
     # The backward's per-thread row sums (256 B each) are allocated on worker threads, which the
     # profiler does not always see.
-    model = _cpu_flash_attention_scratch(node(True), backward=True)
+    model = cpu_flash_attention_scratch(node(True), backward=True)
     assert 0 <= model - scratch[True] <= 256 * torch.get_num_threads() and scratch[True] > 0
 
 
@@ -381,7 +392,7 @@ def test_reuse_within_the_margin_of_inductors_estimate_holds_the_buffer():
     s = graph(spec, ["c"])
     assert simulate(s, set()).peak_bytes == 2012
     exact = dataclasses.replace(s.model.rules, reuse_margin=0.0)
-    assert simulate(dataclasses.replace(s, model=KernelModel(exact)), set()).peak_bytes == 2004
+    assert simulate(with_rules(s, exact), set()).peak_bytes == 2004
 
 
 def test_output_written_in_place_keeps_its_buffer_in_inductors_estimate():
@@ -395,9 +406,7 @@ def test_output_written_in_place_keeps_its_buffer_in_inductors_estimate():
             ("b", "extern", ("a",), 100), ("m", "extern", ("x",), 150), ("n", "extern", ("m",), 4),
             ("c", "extern", ("b",), 100)]
     s = graph(spec, ["f", "v", "n", "c"])
-    nodes = [v for v in range(s.n) if v not in s.graph_input]
-    _, alias = fusion.kernels(nodes, s.inputs, s.kind, s.nbytes, s.dtype, lowered(s), s.graph_input,
-                              s.fwd_outputs, dataclasses.replace(s.model.rules, reuse_margin=0.0))
+    _, alias = kernels(s, dataclasses.replace(s.model.rules, reuse_margin=0.0))
     assert {s.names[k]: s.names[v] for k, v in alias.items()} == {"v": "s"}
 
 

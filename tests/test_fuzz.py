@@ -268,9 +268,8 @@ def joint_graph():
         captured.update(gm=copy.deepcopy(joint), inputs=joint_inputs, kwargs=kwargs)
         return make_partition_fn(Options(backend="eager"), lambda plan, frontier: None)(joint, joint_inputs, **kwargs)
 
-    from remat.backends.registry.eager.backend import decompositions as eager_decompositions
-
     from remat import compat
+    from remat.backends.eager.backend import decompositions as eager_decompositions
 
     backend = compat.aot_autograd(fw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),
                                   bw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),

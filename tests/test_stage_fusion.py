@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from remat.backends.registry.inductor import hooks
 
 import remat
 from benchmarks import workloads
+from remat.backends.inductor import hooks
 
 
 @pytest.mark.inductor
@@ -102,9 +102,8 @@ def test_blocks_separated_by_matmuls_fuse_at_their_boundaries(monkeypatch):
 
 
 def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
-    from remat.backends.registry.eager import backend as eager
-    from remat.backends.registry.inductor.lowering import fusion_blocks
-
+    from remat.backends.eager import backend as eager
+    from remat.backends.inductor.lowering import fusion_blocks
     from remat.capture import partition
 
     graphs = []

@@ -358,7 +358,7 @@ def _inside_eager_kernels(nodes: list[fx.Node], roots: list[fx.Node], outs: set[
     value every user of which comes from the same eager op (``_decomposed_key``), which no
     other op's view reads, and which the graph does not return, lives only inside that kernel.
     Eager autograd's predicted peak (``Plan.eager_peak_bytes``) gives it no bytes. Measured with
-    the CPU profiler (torch 2.13): a two-block ViT's eager peak, 9.68 MiB, was predicted at 11.71
+    the CPU profiler (versions.HOOKS["eager_kernels"]): a two-block ViT's eager peak, 9.68 MiB, was predicted at 11.71
     MiB with these intermediates (the decomposed GELU backward's), 9.68 without."""
     inside = set()
     for n in nodes:
@@ -406,7 +406,8 @@ def _schedule(gm: fx.GraphModule, backward: set[fx.Node], fwd_outs: list, bwd_ou
         names=tuple(n.name for n in nodes),
         kernel=kernels,
         caller_keeps_outputs=not (loss_in_graph or ends_at_break),
-        **(backend.schedule_fields(gm, nodes) if backend is not None else {}),
+        workspace=backend.workspace(nodes) if backend is not None else (),
+        model=backend.step_model(gm, nodes) if backend is not None else None,
     ), ids
 
 

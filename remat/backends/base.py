@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.fx as fx
+
+if TYPE_CHECKING:
+    from ..core.peak import StepModel
 
 __all__ = ["Backend", "BACKENDS", "INDEX_SOURCE"]
 
@@ -26,15 +29,30 @@ once (Inductor: Note [Values computed from indices] in ``remat/backends/inductor
 
 
 class Backend(ABC):
-    """One way of running the partitioned forward and backward."""
+    """One way of running the partitioned forward and backward. What a backend can do is read
+    from its attributes (``reads_compiled_peak``, ``keeps_op_order``), never from its name."""
 
     name: str
+    reads_compiled_peak: bool = False
+    """Whether ``compile`` reads the peak of the step it compiled and hands it to ``on_peak``
+    (Inductor: the memory plan of its generated code, ``remat.core.allocations``); only then can a
+    budget re-plan a graph whose compiled peak misses it (Note [Budget re-plan])."""
+    keeps_op_order: bool = False
+    """Whether the partitioned graphs run op by op in the order remat gives them, nothing fused
+    or reordered: only then do plans that depend on that order hold, such as nested checkpoints,
+    whose backward recomputes copies of forward ops apart from their originals
+    (``remat.planning.nesting``)."""
 
     @abstractmethod
-    def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        """Extra fields of ``remat.core.peak.Schedule`` for the joint graph ``gm`` (``nodes``: its
-        nodes but the output, in order): the step model the simulator replays
-        (``Schedule.model``) and the per-node lowering facts that model reads. ``{}``: op by op."""
+    def step_model(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> StepModel | None:
+        """How the simulator replays a step of the joint graph ``gm`` (``nodes``: its nodes but
+        the output, in order; ``remat.core.peak.Schedule.model``), with whatever per-node facts of
+        its lowering that model reads; None: op by op (``remat.core.peak.OP_BY_OP``)."""
+
+    @abstractmethod
+    def workspace(self, nodes: list[fx.Node]) -> tuple[int, ...]:
+        """Scratch bytes each node holds while it runs, beyond its output
+        (``remat.core.peak.Schedule.workspace``; ATen's: ``remat.backends.aten_scratch``)."""
 
     @abstractmethod
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
@@ -45,7 +63,7 @@ class Backend(ABC):
                 on_peak: Callable[[Any], None] | None = None) -> Any:
         """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
         (``remat.capture.partition``), and the two halves are compiled or run as this backend does. A
-        backend that plans its own memory calls ``on_peak`` with the step's peak read from the
+        backend that ``reads_compiled_peak`` calls ``on_peak`` with the step's peak read from the
         compiled forward and backward (``remat.core.allocations.StepPeak``); others never call it."""
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:

@@ -2,9 +2,9 @@
 compiled graphs run (an input of the wrong dtype), or cannot take the inputs it is called with,
 show one ``remat:`` error about the model instead of Dynamo's trace and fake-tensor log lines.
 
-Private torch names used here (checked on torch 2.13; read defensively): the exception class
-``torch._dynamo.exc.TorchRuntimeError`` (Dynamo failed to run an op on fake tensors), its base
-``TorchDynamoException`` (Dynamo's and the backends' own failures), and the
+Private torch names used here (``versions.HOOKS["fake_tensor_errors"]``; read defensively): the
+exception class ``torch._dynamo.exc.TorchRuntimeError`` (Dynamo failed to run an op on fake
+tensors), its base ``TorchDynamoException`` (Dynamo's and the backends' own failures), and the
 logger ``torch._subclasses.fake_tensor``, which logs the meta kernel's traceback at ERROR level
 before Dynamo raises.
 """

@@ -95,8 +95,8 @@ class _WeakSelf:
     ``forward`` (Note [One frame per wrapped module]), ``train`` and the copy methods (Note
     [Copies are wrapped anew]) are bound to a ``_WeakSelf``.
     Dynamo traces the ``self.ref()`` call in ``forward``: it builds the referent with a source of
-    its own (``VariableBuilder.wrap_weakref``, ``WeakRefVariable``: checked on torch 2.13; the
-    same handling is older than 2.11), and names the modules reached through it
+    its own (``VariableBuilder.wrap_weakref``, ``WeakRefVariable``: ``versions.HOOKS["dynamo_weakref"]``),
+    and names the modules reached through it
     ``forward.__self__.ref().<path>``, which ``capture.clean_module_paths`` shortens. Nor may a
     function that outlives a call hold a module, and a nested function that calls itself is a
     cycle that holds what it refers to until the collector runs (``_visit``).
@@ -121,7 +121,7 @@ def _entry(module: nn.Module) -> Callable[..., Any]:
     and its recompile limit on code objects, so every wrapped model gets its own."""
 
     def run_module(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-        return module._call_impl(*args, **kwargs)
+        return module._call_impl(*args, **kwargs)  # versions.HOOKS["module_call"]
 
     code = run_module.__code__.replace(co_name=f"remat_{type(module).__name__}_{next(_COUNTER)}")
     return types.FunctionType(code, run_module.__globals__, code.co_name)

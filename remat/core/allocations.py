@@ -140,7 +140,7 @@ def step_peak(fw: GraphTrace, bw: GraphTrace, fw_output_names: Sequence[str | No
     same order as ``bw.inputs``). ``loss_in_graph``: see Note [What the caller holds].
 
     Note [What the caller holds]
-    Two callers, two lifetimes, measured with the CPU profiler on torch 2.13:
+    Two callers, two lifetimes, measured with the CPU profiler (``versions.HOOKS["caller_lifetimes"]``):
     * ``out = model(x); loss_fn(out).backward()`` or ``out.backward(grad)``: the caller holds
       ``out`` through the backward, and the gradient it passes in (its own tensor) too.
     * ``model(ids, labels=ids).loss.backward()`` (the loss computed inside the graph, as HF

@@ -63,24 +63,13 @@ class Schedule:
     fwd_outputs: tuple[int, ...]
     bwd_outputs: tuple[int, ...]
     names: tuple[str, ...] = ()
-    kind: tuple[str, ...] = ()
-    """How Inductor lowers each node (``remat.backends.inductor.fusion.KINDS``); empty: unknown."""
-    ops: tuple[int, ...] = ()
-    """Ops each node adds to an inlined Inductor expression (1 each if empty)."""
-    dtype: tuple[str, ...] = ()
-    """Element type of each node's value (Inductor reuses a freed buffer only for the same one)."""
-    block: tuple[str | None, ...] = ()
-    """The repeated block each node belongs to (``graph.block_of``): remat compiles with
-    stage-local fusion, so no Inductor kernel spans two blocks."""
     workspace: tuple[int, ...] = ()
-    """Scratch bytes each (extern) node holds while it runs, beyond its output (op by op, also
-    the outputs of a multi-output op that nothing reads, ``remat.backends.eager.unread_output_bytes``)."""
+    """Scratch bytes each node holds while it runs, beyond its output (``Backend.workspace``:
+    ATen kernels' scratch and, op by op, the outputs of a multi-output op that nothing reads)."""
     kernel: tuple[int, ...] = ()
     """The eager kernel each node's op was decomposed from (-1: its own op), for eager
     autograd's schedule: op by op, consecutive nodes of one kernel run as one step, and only its
     results take memory (``remat.analysis.joint_graph``, Note [Eager kernels])."""
-    heavy: frozenset[int] = frozenset()
-    """Nodes whose op Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
     caller_keeps_outputs: bool = True
     """Whether the caller holds the forward's outputs, and the output gradients it passes in,
     through the backward; False when the graph computes the loss (a scalar output gradient):
@@ -88,8 +77,9 @@ class Schedule:
     them (Note [What the caller holds] in ``remat.core.allocations``)."""
     model: StepModel | None = None
     """How the backend runs the step: ``None`` (or ``OP_BY_OP``), op by op as the uncompiled
-    backend does; otherwise the backend's own model, such as Inductor's kernels
-    (``remat.backends.inductor.kernel_model``), which reads the lowering facts above."""
+    backend does; otherwise the backend's own model (``Backend.step_model``), which carries
+    whatever facts of its lowering it reads, such as Inductor's kernels
+    (``remat.backends.inductor.kernel_model``)."""
 
     @property
     def n(self) -> int:

@@ -346,7 +346,7 @@ def _nested_plans(gm: fx.GraphModule, num_fwd_outputs: int, static: list[int], j
     (Under Inductor the copies are not known to stay apart: its scheduler may fuse or reorder a
     copy with its original.)"""
     backend = backend or backend_for(options.backend)
-    if backend.name != "eager":
+    if not backend.keeps_op_order:
         return []
     act = _activations(jg)
     keep = set(relaxed_nr)  # saved whatever the plan (inputs, random ops, user rules): never copied

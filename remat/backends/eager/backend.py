@@ -67,9 +67,9 @@ import torch.fx as fx
 
 from ... import compat
 from ...analysis.cost import nbytes
+from ..aten_scratch import scratch_bytes
 from ..base import Backend
 from ..inductor.decompositions import eager_decompositions
-from ..inductor.lowering import extern_workspace
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
 
@@ -84,7 +84,8 @@ Note [Eager GELU])."""
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
     """The uncompiled backend's decompositions: Inductor's, minus random ops (Note [Eager RNG
-    order]) and ``KEPT_WHOLE`` (Note [Eager pooling], Note [Eager GELU])."""
+    order]) and ``KEPT_WHOLE`` (Note [Eager pooling], Note [Eager GELU]); ops by their schema
+    (``OpOverload._schema``: ``versions.HOOKS["op_classes"]``)."""
     return {op: fn for op, fn in eager_decompositions().items()
             if getattr(op, "_schema", None) is None or op._schema.name.split("::")[-1] not in KEPT_WHOLE}
 
@@ -164,11 +165,15 @@ def unread_output_bytes(node: fx.Node) -> int:
 
 class EagerBackend(Backend):
     name = "eager"
+    keeps_op_order = True
 
-    def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
+    def step_model(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> None:
+        return None  # op by op: exact
+
+    def workspace(self, nodes: list[fx.Node]) -> tuple[int, ...]:
         """The scratch library kernels (convolution, attention) hold while they run, and an op's
         unread outputs while it runs (``unread_output_bytes``)."""
-        return {"workspace": tuple(extern_workspace(n) + unread_output_bytes(n) for n in nodes)}
+        return tuple(scratch_bytes(n) + unread_output_bytes(n) for n in nodes)
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None

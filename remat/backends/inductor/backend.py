@@ -11,12 +11,13 @@ import torch.fx as fx
 
 from ...analysis.joint_graph import device_of
 from ...core.allocations import GraphTrace, Reading, read_step
+from ...versions import check_torch_version, drift
+from ..aten_scratch import scratch_bytes
 from ..base import Backend
 from . import fusion
 from .hooks import compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
-from .lowering import index_sources, schedule_fields
-from .versions import check_torch_version, drift
+from .lowering import index_sources, node_lowerings
 
 __all__ = ["InductorBackend", "rules_for_graph"]
 
@@ -35,9 +36,13 @@ def rules_for_graph(gm: fx.GraphModule) -> fusion.FusionRules:
 
 class InductorBackend(Backend):
     name = "inductor"
+    reads_compiled_peak = True
 
-    def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
-        return {**schedule_fields(nodes), "model": KernelModel(rules_for_graph(gm))}
+    def step_model(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> KernelModel:
+        return KernelModel(rules_for_graph(gm), node_lowerings(nodes))
+
+    def workspace(self, nodes: list[fx.Node]) -> tuple[int, ...]:
+        return tuple(scratch_bytes(n) for n in nodes)
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)

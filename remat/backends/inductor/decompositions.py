@@ -15,12 +15,12 @@ __all__ = ["decomposition_table", "eager_decompositions"]
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    """``torch._inductor.decomposition.select_decomp_table()`` (2.11, 2.13). Some of its
+    """``torch._inductor.decomposition.select_decomp_table()`` (``versions.HOOKS["decomposition_table"]``). Some of its
     decompositions (``max_pool2d_with_indices``) call ``torch._inductor.lowering`` through the
     package attribute, which exists only once that module was imported; a process that never
     compiled with Inductor would fail on them (``AttributeError: module 'torch._inductor' has no
     attribute 'lowering'``), so it is imported here first."""
-    import torch._inductor.lowering  # noqa: F401  (2.11, 2.13: see the docstring)
+    import torch._inductor.lowering  # noqa: F401  (see the docstring)
     from torch._inductor.decomposition import select_decomp_table
 
     return select_decomp_table()
@@ -38,7 +38,8 @@ _OPTIONALLY_RANDOM = frozenset({"scaled_dot_product_attention", "_scaled_dot_pro
 
 
 def eager_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Inductor's decompositions minus those of random ops. See Note [Eager RNG order]."""
+    """Inductor's decompositions minus those of random ops (``OpOverload._schema``:
+    ``versions.HOOKS["op_classes"]``). See Note [Eager RNG order]."""
     return {
         op: fn for op, fn in decomposition_table().items()
         if not (isinstance(op, OpOverload) and torch.Tag.nondeterministic_seeded in op.tags

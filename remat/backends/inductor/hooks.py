@@ -1,7 +1,8 @@
 """Inductor hooks: how remat hands its partition to Inductor and steers Inductor's fusion.
 
-Every patch here names the torch versions it was checked on (``remat.backends.inductor.versions``); one
-that cannot install warns (Note [Version drift]) instead of silently doing nothing.
+Every patch here cites its entry of the version table (``remat.versions.HOOKS``); one that cannot
+install warns, or raises where running on would ignore remat's plan (Note [Version drift]),
+instead of silently doing nothing.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.fx as fx
-from torch._inductor import config as inductor_config  # 2.11, 2.13
+from torch._inductor import config as inductor_config  # versions.HOOKS["inductor_caches_off"]
 
 from ... import compat
+from ...versions import drift
 from .lowering import fusion_blocks
-from .versions import drift, drift_error
 from .wrapper_reading import read_allocations
 
 __all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_fusion", "STAGE_KEY", "tag_stages"]
@@ -25,9 +26,10 @@ __all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_
 # (it keeps the fp32 value), but a value the forward saves is stored rounded. A backward that
 # recomputes the chain in another fusion then sees other bits than the forward's, and remat's
 # gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
-# (2.11, 2.13) keeps every cast that eager autocast performs, so a recomputed value equals the
-# forward's bit for bit (tests/test_training_conditions.py checks it against a plan that
-# recomputes nothing). Its cost is a few conversion instructions in bandwidth-bound kernels.
+# (versions.HOOKS["recompute_precision"]) keeps every cast that eager autocast performs, so a
+# recomputed value equals the forward's bit for bit (tests/test_training_conditions.py checks it
+# against a plan that recomputes nothing). Its cost is a few conversion instructions in
+# bandwidth-bound kernels.
 
 
 def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set[str]]:
@@ -48,14 +50,15 @@ GraphNames = tuple[list[str | None], list[str], set[str]]
 def compile_fx(gm: fx.GraphModule, example_inputs: Any,
                on_graph: Callable[[bool, GraphNames, Any], None] | None = None) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
-    ``inner_compile`` argument (``compile_fx_inner``): 2.11, 2.13. Its ``config_patches`` and
-    ``inner_compile`` also apply to the backward, which AOTAutograd compiles later, at the first
-    backward call. Low-precision casts are kept: see Note [Recompute precision]. Each graph is
-    compiled with stage-local fusion (``stage_local_fusion``) and without Inductor's FX graph
-    cache, whose key sees neither node meta nor the fusion choices. ``on_graph(is_backward,
+    ``inner_compile`` argument (``compile_fx_inner``; ``versions.HOOKS["compile_fx"]``). Its
+    ``config_patches`` and ``inner_compile`` also apply to the backward, which AOTAutograd
+    compiles later, at the first backward call. Low-precision casts are kept: see Note
+    [Recompute precision]. Each graph is compiled with stage-local fusion
+    (``stage_local_fusion``) and without Inductor's FX graph cache, whose key sees neither node
+    meta nor the fusion choices (``versions.HOOKS["inductor_caches_off"]``). ``on_graph(is_backward,
     (output names, input names, 0-dim inputs), trace)`` receives each training graph's memory plan
     (``wrapper_reading.read_allocations``); ``is_backward`` and ``is_inference`` are
-    ``compile_fx_inner``'s keyword arguments (2.11, 2.13)."""
+    ``compile_fx_inner``'s keyword arguments."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -74,7 +77,7 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
     if hasattr(inductor_config, "emulate_precision_casts"):
         patches["emulate_precision_casts"] = True
     else:
-        drift("recompute precision", "torch._inductor.config.emulate_precision_casts")
+        drift("recompute_precision", "torch._inductor.config.emulate_precision_casts")
     return _compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
 
 
@@ -82,12 +85,12 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
 def inductor_partitioner(partition_fn: Callable[..., Any]) -> Iterator[None]:
     """Make Inductor partition joint graphs with ``partition_fn`` inside this context.
 
-    torch 2.13 has ``torch._inductor.config.custom_partitioner_fn``; torch 2.11 does not. Both
-    versions' ``compile_fx`` call the module-level name ``min_cut_rematerialization_partition``
-    when no custom partitioner is set, so that name is rebound here: one code path for both
-    versions. (``custom_partitioner_fn`` would also enter Inductor's cache key, which cannot
-    pickle a closure.) The AOTAutograd cache is turned off inside the context: its key does not include
-    the partitioner, so it could return a graph partitioned by the default partitioner."""
+    ``compile_fx`` calls the module-level name ``min_cut_rematerialization_partition`` when no
+    custom partitioner is set, so that name is rebound here: one code path for every checked
+    version (``versions.HOOKS["inductor_partitioner"]``; not every one has
+    ``custom_partitioner_fn``). The AOTAutograd cache is turned off inside the context: its key
+    does not include the partitioner, so it could return a graph partitioned by the default
+    partitioner."""
     import torch._inductor.compile_fx as cfx
 
     stack = contextlib.ExitStack()
@@ -97,8 +100,8 @@ def inductor_partitioner(partition_fn: Callable[..., Any]) -> Iterator[None]:
             stack.enter_context(inductor_config.patch(fx_graph_remote_cache=False))
         if not hasattr(cfx, "min_cut_rematerialization_partition"):
             # Without the name, Inductor would partition with its own partitioner and remat's
-            # plan would be silently ignored: that is an error, not a drift.
-            raise drift_error("inductor_partitioner", "torch._inductor.compile_fx.min_cut_rematerialization_partition")
+            # plan would be silently ignored: the entry raises.
+            drift("inductor_partitioner", "torch._inductor.compile_fx.min_cut_rematerialization_partition")
         original = cfx.min_cut_rematerialization_partition
         cfx.min_cut_rematerialization_partition = partition_fn
         try:
@@ -122,7 +125,7 @@ def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
         if ir is None:
             continue
         # The fx node whose lowering made this buffer: an inlined expression's origins span
-        # every op folded into it, often several blocks. ``ir.Buffer.origin_node``: 2.11, 2.13.
+        # every op folded into it, often several blocks (``ir.Buffer.origin_node``).
         if not hasattr(ir, "origin_node"):
             drift("stage_local_fusion", f"{type(ir).__name__}.origin_node")
         owner = getattr(ir, "origin_node", None)
@@ -141,8 +144,8 @@ def stage_local_fusion() -> Iterator[None]:
     ``meta[STAGE_KEY]``) or one of them has none. See Note [Stage-local fusion]
     below. Uses ``torch._inductor.virtualized.V.set_choices_handler`` and
     ``InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score)``, a documented
-    extension point for fusion heuristics: checked on 2.11, 2.13. The current handler (the
-    user's, if they set one) keeps deciding every other fusion."""
+    extension point for fusion heuristics (``versions.HOOKS["stage_local_fusion"]``). The current
+    handler (the user's, if they set one) keeps deciding every other fusion."""
     from torch._inductor.virtualized import V
 
     if not hasattr(V, "set_choices_handler"):  # pragma: no cover - older or newer torch
@@ -176,8 +179,7 @@ def _cpp_flush_between_stages(cache: dict[int, tuple[Any, frozenset]]) -> Iterat
     one function per block, so a block's buffers are freed before the next block runs. Patches
     ``torch._inductor.codegen.cpp.CppScheduling.codegen_node`` for the duration and uses its
     ``_set_flush_status`` (which the scheduler's ``ready_to_flush`` check reads after each node)
-    and ``Scheduler.nodes`` / ``current_node``: present on 2.11 and 2.13 (the patch installs on
-    both); its effect was measured on 2.13's CPU backend (tests/test_stage_fusion.py)."""
+    and ``Scheduler.nodes`` / ``current_node`` (``versions.HOOKS["cpp_flush_between_stages"]``)."""
     try:
         from torch._inductor.codegen.cpp import CppScheduling
         from torch._inductor.virtualized import V

@@ -4,10 +4,12 @@ allocate them). Pure: no torch import."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ...core.peak import Schedule, Step, ancestors
-from .fusion import FusionRules, itemsize, kernels, lower
+from .facts import FusionGraph, Kind, NodeLowering, check_facts, itemsize
+from .fusion import FusionRules, kernels, lower
 
 __all__ = ["KernelModel", "kernel_steps", "early_order", "elements"]
 
@@ -16,24 +18,35 @@ _Key = tuple[int, int]
 
 @dataclass(frozen=True)
 class KernelModel:
-    """``remat.core.peak.StepModel`` for Inductor under ``rules``. In the floor (``peak.floor_bytes``)
-    only extern kernels count: a matmul reads and writes real buffers, while fused work may keep
-    its operands on chip."""
+    """``remat.core.peak.StepModel`` for Inductor under ``rules``, for one joint graph: ``facts``
+    says how Inductor lowers each of its nodes (``remat.backends.inductor.lowering``). In the
+    floor (``peak.floor_bytes``) only extern kernels count: a matmul reads and writes real
+    buffers, while fused work may keep its operands on chip."""
 
     rules: FusionRules
+    facts: tuple[NodeLowering, ...]
     name = "simulated: Inductor step model"
 
     def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
-        return kernel_steps(s, saved, fwd, bwd, self.rules)
+        check_facts(self.facts, s.n)
+        return kernel_steps(s, saved, fwd, bwd, self)
 
     def in_floor(self, s: Schedule, v: int) -> bool:
-        return bool(s.kind) and s.kind[v] == "extern"
+        check_facts(self.facts, s.n)
+        return self.facts[v].kind is Kind.EXTERN
+
+    def graph(self, s: Schedule, order: Iterable[int], given: Iterable[int], outputs: Iterable[int],
+              numel: tuple[int, ...] | None = None) -> FusionGraph:
+        """One graph of the step (``order``: its nodes in execution order) as ``fusion`` lowers it."""
+        outputs = frozenset(outputs)
+        return FusionGraph(tuple(order), s.inputs, self.facts, s.nbytes, frozenset(given), outputs,
+                           frozenset(s.root[v] for v in outputs),  # a gradient may be a view (permute of mm)
+                           elements(s, self.facts) if numel is None else numel)
 
 
-def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], rules: FusionRules):
-    """One step per Inductor kernel of the forward and of the backward under ``rules``."""
+def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], model: KernelModel):
+    """One step per Inductor kernel of the forward and of the backward under ``model.rules``."""
     pre = set(s.graph_input)
-    kind, ops = s.kind, s.ops or (1,) * s.n
     steps: list[Step] = []
     nbytes: dict[_Key, int] = {}
     bwd_given = saved | pre | set(s.tangent)
@@ -46,21 +59,19 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
             return (alias[1].get(r, r), 1)
         return (alias[0].get(r, r), 0)
 
-    numel = elements(s)
+    numel = elements(s, model.facts)
     fwd = early_order(s, fwd, ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
     graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
     boundary = 0
     for phase, nodes, given, outputs in graphs:
-        lowered = lower(nodes, s.inputs, kind, ops, s.heavy, given, outputs, rules, numel)
+        g = model.graph(s, nodes, given, outputs, numel)
 
         def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
             if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
                 return storage(u, 1 if u in s.tangent else 0)
             return (u, phase)
 
-        storage_outputs = {s.root[v] for v in outputs}  # a gradient may be a view (permute of mm)
-        ks, alias[phase] = kernels(nodes, s.inputs, kind, s.nbytes, s.dtype, lowered, given, storage_outputs,
-                                   rules, s.block)
+        ks, alias[phase] = kernels(g, lower(g, model.rules), model.rules)
         if phase == 1:
             boundary = len(steps)
             for t in sorted(s.tangent):
@@ -78,11 +89,10 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], r
     return steps, boundary, nbytes, storage
 
 
-def elements(s: Schedule) -> tuple[int, ...]:
+def elements(s: Schedule, facts: tuple[NodeLowering, ...]) -> tuple[int, ...]:
     """Elements of each node's value, from the bytes of the storage it lives in (a view counts
     its base's; 0 where unknown: graph inputs)."""
-    dt = s.dtype or ("",) * s.n
-    return tuple(s.nbytes[s.root[v]] // itemsize(dt[s.root[v]]) for v in range(s.n))
+    return tuple(s.nbytes[s.root[v]] // itemsize(facts[s.root[v]].dtype) for v in range(s.n))
 
 
 def early_order(s: Schedule, nodes: list[int], main: set[int]) -> list[int]:

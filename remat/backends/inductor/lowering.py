@@ -1,7 +1,9 @@
 """What Inductor does with each op of a joint graph, as facts the peak model reads
-(``remat.backends.inductor.fusion``): how it lowers the op (pointwise, reduction, extern kernel, ...),
-how many ops it adds to an inlined expression, the scratch an extern kernel holds, and which
-ops its CPU backend counts as expensive to repeat. Checked on torch 2.11 and 2.13."""
+(``facts.NodeLowering``, read by ``remat.backends.inductor.fusion``): how it lowers the op
+(pointwise, reduction, extern kernel, ...), how many ops it adds to an inlined expression, which
+ops its CPU backend counts as expensive to repeat, and the block stage-local fusion keeps it in
+(``versions.HOOKS["lowering_tables"]``, ``["realization"]``, ``["inline_opcount"]``). The scratch
+an extern kernel holds is ATen's, both backends': ``remat.backends.aten_scratch``."""
 
 from __future__ import annotations
 
@@ -16,18 +18,20 @@ from ...analysis import cost
 from ...analysis.joint_graph import block_of, flags, tensor_inputs, view_root
 from ...analysis.ops import CAST_OPS, op_name, packet
 from ...compat import OpOverload
+from ...versions import drift
 from ..base import INDEX_SOURCE
+from .facts import Kind, NodeLowering
 
-__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "schedule_fields", "fusion_blocks",
-           "extern_workspace"]
+__all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "node_lowering", "node_lowerings", "fusion_blocks",
+           "index_sources"]
 
 
 def inductor_runs_extern(op: OpOverload) -> bool:
     """Whether Inductor runs ``op`` as an extern kernel (a library call or an eager fallback that
     writes a new buffer and reads realized inputs) rather than generating code for it: ops in
     ``torch._inductor.lowering.needs_realized_inputs`` or ``fallbacks``, or with no lowering at
-    all (implicit fallback). Checked on 2.11 and 2.13; a table that moved warns once
-    (Note [Version drift])."""
+    all (implicit fallback). A table that moved warns once (``versions.HOOKS["lowering_tables"]``,
+    Note [Version drift])."""
     realized, fallbacks, table = _lowering_tables()
     if op in realized or op in fallbacks:
         return True
@@ -41,38 +45,36 @@ def _lowering_tables() -> tuple[Any, Any, Any]:
     as Inductor registers lowerings, so holding them stays current."""
     from torch._inductor import lowering
 
-    from .versions import drift
-
     for name in ("needs_realized_inputs", "fallbacks", "lowerings"):
         if not hasattr(lowering, name):
-            drift("lowering facts", f"torch._inductor.lowering.{name}")
+            drift("lowering_tables", f"torch._inductor.lowering.{name}")
     return (getattr(lowering, "needs_realized_inputs", ()), getattr(lowering, "fallbacks", ()),
             getattr(lowering, "lowerings", None))
 
 
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 """Ops whose presence makes Inductor's CPU backend store a reused value rather than repeat it
-(``StorageBox.should_realize_on_reuse``; 2.11, 2.13)."""
+(``StorageBox.should_realize_on_reuse``: ``versions.HOOKS["realization"]``)."""
 
 
-def lowering_kind(node: fx.Node, extern: bool) -> str:
-    """How Inductor lowers ``node`` (``remat.backends.inductor.fusion.KINDS``). ``extern``: whether Inductor runs
-    this op as an extern kernel (``runs_extern``)."""
+def lowering_kind(node: fx.Node, extern: bool) -> Kind:
+    """How Inductor lowers ``node``. ``extern``: whether Inductor runs this op as an extern kernel
+    (``inductor_runs_extern``)."""
     if node.op != "call_function":
-        return "input"
+        return Kind.INPUT
     if view_root(node) is not node:
-        return "view"
+        return Kind.VIEW
     op = op_name(node)
     target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
     f = flags(target, op_name(target))
     if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
                                "is_mutating")) or extern:
-        return "extern"
+        return Kind.EXTERN
     if f.get("is_random"):
-        return "random"
+        return Kind.RANDOM
     if "reduction_ratio" in f:
-        return "reduction" if _reduces_last_dims(target) else "outer-reduction"
-    return "pointwise"
+        return Kind.REDUCTION if _reduces_last_dims(target) else Kind.OUTER_REDUCTION
+    return Kind.POINTWISE
 
 
 def _reduces_last_dims(node: fx.Node) -> bool:
@@ -87,67 +89,6 @@ def _reduces_last_dims(node: fx.Node) -> bool:
         return True
     got = sorted(d % ndim for d in dims if isinstance(d, int))
     return got == list(range(ndim - len(got), ndim))
-
-
-def extern_workspace(node: fx.Node) -> int:
-    """Scratch bytes an extern kernel holds while it runs. CPU convolutions: operand copies
-    (``_cpu_convolution_scratch``). CPU flash attention: per-thread
-    blocks (``_cpu_flash_attention_scratch``). Other attention backward kernels accumulate the
-    query gradient in float32 (FlashAttention's ``dq_accum``): 4 bytes per element of it."""
-    op = op_name(node)
-    if op in ("aten.convolution.default", "aten.convolution_backward.default"):
-        return _cpu_convolution_scratch(node)
-    if op.startswith("aten._scaled_dot_product_flash_attention_for_cpu"):
-        return _cpu_flash_attention_scratch(node, backward=op.endswith("_backward.default"))
-    if not (op.startswith("aten.") and "attention" in op and "backward" in op):
-        return 0
-    val = node.meta.get("val")
-    first = val[0] if isinstance(val, (tuple, list)) and val else val
-    return 4 * cost.numel(first) if isinstance(first, torch.Tensor) else 0
-
-
-def _cpu_convolution_scratch(node: fx.Node) -> int:
-    """ATen's CPU convolutions (oneDNN) copy their operands into blocked layouts: the forward
-    the larger of its input and output, the backward its output gradient and its input.
-    Measured with the profiler on torch 2.13 (1x1 and 3x3 convolutions of 16 and 64 channels:
-    within 0.02 MiB; a 3-channel input is padded, up to 0.35 MiB more). 0 on other devices,
-    where the library's workspace is not modelled."""
-    val = node.meta.get("val")
-    ins = [a.meta.get("val") for a in node.args[:2] if isinstance(a, fx.Node)]
-    if not ins or not isinstance(ins[0], torch.Tensor) or ins[0].device.type != "cpu":
-        return 0
-    if op_name(node) == "aten.convolution_backward.default":
-        return sum(cost.nbytes(t) for t in ins[:2] if isinstance(t, torch.Tensor))
-    return max(cost.nbytes(ins[0]), cost.nbytes(val) if isinstance(val, torch.Tensor) else 0)
-
-
-def _cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
-    """ATen's CPU flash attention (``native/cpu/FlashAttentionKernel.cpp``) splits queries into
-    blocks of 32, 64 or 256 rows (sequences under 192, under 768, longer) and keys into blocks
-    of 512, and gives each thread float32 buffers: the forward a score block, its row max and
-    sum and an output block; the backward a score block and its gradient (plus a row sum), and
-    bf16/fp16 copies of the score blocks for low-precision inputs; the backward also copies an
-    output gradient that is not contiguous in its layout. Checked against the profiler on torch
-    2.13 (tests/test_fusion_peak.py)."""
-    ins = [a.meta.get("val") for a in node.args[:4] if isinstance(a, fx.Node)]
-    query = ins[1] if backward and len(ins) > 1 else (ins[0] if ins else None)
-    key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)
-    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4:
-        return 0
-    q_len, head, kv_len = cost.shape(query)[2], cost.shape(query)[3], cost.shape(key)[2]
-    q_split = min(256 if q_len >= 768 else 64 if q_len >= 192 else 32, q_len)
-    kv_split = min(512, kv_len)
-    low = query.dtype in (torch.bfloat16, torch.float16)
-    accum = 8 if query.dtype == torch.float64 else 4
-    if backward:
-        per_thread = 2 * q_split * kv_split * accum + q_split * accum + (2 * q_split * kv_split * 2 if low else 0)
-        grad_out = ins[0]
-        copy = 0  # the kernel makes grad_out contiguous in (batch, sequence, head, dim) order
-        if isinstance(grad_out, torch.Tensor) and not grad_out.transpose(1, 2).is_contiguous():
-            copy = cost.nbytes(grad_out)
-        return torch.get_num_threads() * per_thread + copy
-    per_thread = (q_split * kv_split + 2 * q_split + q_split * head) * accum + (q_split * kv_split * 2 if low else 0)
-    return torch.get_num_threads() * per_thread
 
 
 def _runs_extern(node: fx.Node) -> bool:
@@ -166,7 +107,7 @@ def _own_ops(node: fx.Node) -> int:
     """Ops a pointwise node adds to an inlined Inductor expression: itself and its scalar
     constants; Inductor computes low-precision values in float32, so a bf16/fp16 result adds a
     cast down and back (2) and each low-precision operand a cast up (2, with its precision-emulation
-    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (2.13)."""
+    round trip). Calibrated on Inductor's ``inner_fn_opcount`` (``versions.HOOKS["inline_opcount"]``)."""
     if node.op != "call_function":
         return 0
     low = {a for a in tensor_inputs(node) if a.meta["val"].dtype in LOW_PRECISION}
@@ -179,16 +120,21 @@ def _own_ops(node: fx.Node) -> int:
 
 
 
-def schedule_fields(nodes: list[fx.Node]) -> dict[str, Any]:
-    """The per-node lowering facts of ``remat.core.peak.Schedule`` for a graph lowered by Inductor."""
-    return dict(
-        kind=tuple(lowering_kind(n, _runs_extern(n)) for n in nodes),
-        ops=tuple(_own_ops(n) for n in nodes),
-        dtype=tuple(cost.dtype_name(n.meta.get("val")) for n in nodes),
-        workspace=tuple(extern_workspace(n) for n in nodes),
-        block=fusion_blocks(nodes),
-        heavy=frozenset(i for i, n in enumerate(nodes) if packet(op_name(n)).split(".")[-1] in HEAVY_OPS),
+def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
+    """How Inductor lowers ``node`` (``block``: its block for stage-local fusion, ``fusion_blocks``):
+    every fact the peak model reads, read here once."""
+    return NodeLowering(
+        kind=lowering_kind(node, _runs_extern(node)),
+        ops=_own_ops(node),
+        dtype=cost.dtype_name(node.meta.get("val")),
+        block=block,
+        heavy=packet(op_name(node)).split(".")[-1] in HEAVY_OPS,
     )
+
+
+def node_lowerings(nodes: list[fx.Node]) -> tuple[NodeLowering, ...]:
+    """``node_lowering`` of each of a joint graph's nodes (all but its output, in order)."""
+    return tuple(node_lowering(n, b) for n, b in zip(nodes, fusion_blocks(nodes)))
 
 
 def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
@@ -202,10 +148,10 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     kernel reaches at most from one block's last extern kernel to the next block's first:
     nothing chains across the model, and keeping blocks apart only costs the fusions at their
     boundaries (the add+dropout+layer-norm of two GPT-2 blocks, the residual add and ReLU of
-    two ResNet blocks). Measured on an H200 (torch 2.11, bf16, one process, interleaved,
-    ``benchmarks/variant_probe.py``): without the tags ResNet-50 stepped 24.96 ms against
-    25.55 with them (torch.compile 24.62) and GPT-2 27.09 against 27.17; the measured peaks
-    did not move (3112 / 3109 MiB, 4340 / 4340 MiB)."""
+    two ResNet blocks). Measured on an H200 (bf16, one process, interleaved,
+    ``benchmarks/variant_probe.py``; ``versions.HOOKS["extern_separated_blocks"]``): without the
+    tags ResNet-50 stepped 24.96 ms against 25.55 with them (torch.compile 24.62) and GPT-2 27.09
+    against 27.17; the measured peaks did not move (3112 / 3109 MiB, 4340 / 4340 MiB)."""
     blocks = [block_of(n) if n.op == "call_function" else None for n in nodes]
     separated: dict[str, bool] = {}
     for n, b in zip(nodes, blocks):
@@ -223,7 +169,8 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
     Note [Values computed from indices]: Inductor stores a pointwise value once for all its
     readers only if computing it reads some buffer (``TensorBox.realize_hint``, which
     ``GraphLowering`` calls for the inputs of ops in ``needs_realized_inputs``: it realizes a
-    ``Pointwise`` whose ``inner_fn_opcount().nontrivial_read_count`` is not 0; 2.11, 2.13). A value
+    ``Pointwise`` whose ``inner_fn_opcount().nontrivial_read_count`` is not 0;
+    ``versions.HOOKS["index_source_realization"]``). A value
     computed from indices and constants alone (a causal mask, ``where(arange <= arange, 0, -inf)``)
     reads nothing, so every extern kernel that reads it (each layer's attention, forward and
     backward) gets a copy of its own, a full write of the mask each time. torch.compile saves the
@@ -237,7 +184,7 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
     kinds = {n: lowering_kind(n, _runs_extern(n)) for n in nodes}
     sources: dict[fx.Node, set[fx.Node]] = {}  # read-free node -> its ops without tensor inputs
     for n in nodes:
-        if n.op != "call_function" or kinds[n] not in ("pointwise", "view"):
+        if n.op != "call_function" or kinds[n] not in (Kind.POINTWISE, Kind.VIEW):
             continue
         ins = [a for a in n.all_input_nodes if not _is_scalar(a)]  # a size is not a read
         if not all(a in sources for a in ins):
@@ -245,7 +192,7 @@ def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
         sources[n] = set().union(*(sources[a] for a in ins)) if ins else {n}
     keep: dict[fx.Node, str] = {}
     for n, srcs in sources.items():
-        if kinds[n] == "view" or len(_extern_readers(n, kinds)) < 2:
+        if kinds[n] is Kind.VIEW or len(_extern_readers(n, kinds)) < 2:
             continue
         tensors = [s for s in srcs if cost.numel(s.meta.get("val")) > 1] or list(srcs)
         best = min(tensors, key=lambda s: (cost.nbytes(s.meta.get("val")), nodes.index(s)))
@@ -257,15 +204,15 @@ def _is_scalar(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _extern_readers(node: fx.Node, kinds: dict[fx.Node, str]) -> set[fx.Node]:
+def _extern_readers(node: fx.Node, kinds: dict[fx.Node, Kind]) -> set[fx.Node]:
     """The extern kernels that read ``node`` directly or through views of it."""
     found: set[fx.Node] = set()
     todo = [node]
     while todo:
         for u in todo.pop().users:
             k = kinds.get(u)
-            if k == "extern":
+            if k is Kind.EXTERN:
                 found.add(u)
-            elif k == "view":
+            elif k is Kind.VIEW:
                 todo.append(u)
     return found

@@ -11,16 +11,17 @@ and ``MultiOutputLine`` (an eager fallback that allocates its own outputs),
 ``PythonWrapperCodegen.run_wrapper_ir_passes`` (which runs the planning) and converts the lines
 to ``remat.core.allocations.Event``s while the graph's sizes are at hand.
 
-Checked on torch 2.11, 2.13 and 2.14: the line classes, their fields (``node``, ``reused_as``,
-``delete_old``, ``is_reused``, ``result_name``, ``arg_name``), ``run_wrapper_ir_passes``,
-``GraphLowering.get_allocation_storage_size``, ``graph_inputs`` and ``graph_outputs`` have the
-same names and meaning in all three; 2.14 adds one line kind that neither allocates nor frees
-(``GroupedAssertSizeStrideLine``). Anything missing warns (Note [Version drift]) and the plan keeps
-the simulator's prediction; a line of a kind not listed here is named in ``GraphTrace.unknown``.
+The line classes, their fields (``node``, ``reused_as``, ``delete_old``, ``is_reused``,
+``result_name``, ``arg_name``), ``run_wrapper_ir_passes``,
+``GraphLowering.get_allocation_storage_size``, ``graph_inputs`` and ``graph_outputs``:
+``versions.HOOKS["read_allocations"]``. Anything missing warns (Note [Version drift]) and the plan
+keeps the simulator's prediction; a line of a kind not listed here is named in
+``GraphTrace.unknown``. Newer versions add ``GroupedAssertSizeStrideLine``, an assert that neither
+allocates nor frees.
 
 What Inductor does not allocate: the scratch of extern kernels (attention's float32 query
 gradient accumulator, CPU flash attention's per-thread blocks) is added while that kernel runs,
-from ``lowering.extern_workspace`` on the kernel's fx node; cuBLAS/cuDNN workspaces are
+from ``remat.backends.aten_scratch.scratch_bytes`` on the kernel's fx node; cuBLAS/cuDNN workspaces are
 allocated once per process and are not part of a step's peak; the outputs a fallback returns
 and Inductor never reads (attention's random seeds) are not counted.
 """
@@ -32,8 +33,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...core.allocations import Event, GraphTrace
-from .lowering import extern_workspace
-from .versions import drift
+from ...versions import drift
+from ..aten_scratch import scratch_bytes
 
 __all__ = ["read_allocations"]
 
@@ -42,17 +43,17 @@ _IGNORED = frozenset({
     "EnterDeviceContextManagerWithStreamInfoLine", "ExitDeviceContextManagerWithStreamInfoLine",
     "EnterCudaStreamContextLine", "ExitCudaStreamContextLine", "SymbolicCallArgLine", "UnbackedSymbolDefsLine",
     "AssertSizeStrideLine", "AssertDivByZeroLine", "NullLine", "DynamicScalarLine",
-    "GroupedAssertSizeStrideLine",  # 2.14: the size and stride checks of several tensors, in one call
+    "GroupedAssertSizeStrideLine",  # newer torch: the size and stride checks of several tensors, in one call
 })
 """Line kinds that neither allocate nor free."""
 
 _IN_PLACE = frozenset({"ScatterFallbackLine", "IndexPutFallbackLine"})
-"""Eager fallbacks that write into an existing buffer (``scatter_``, ``index_put_``): 2.11, 2.13."""
+"""Eager fallbacks that write into an existing buffer (``scatter_``, ``index_put_``)."""
 
 
 def _hint(graph: Any, expr: Any) -> int:
     sizevars = graph.sizevars
-    if hasattr(sizevars, "optimization_hint"):  # 2.11, 2.13
+    if hasattr(sizevars, "optimization_hint"):
         return int(sizevars.optimization_hint(expr, fallback=0))
     return int(sizevars.size_hint(expr, fallback=0))  # pragma: no cover - older torch
 
@@ -60,7 +61,7 @@ def _hint(graph: Any, expr: Any) -> int:
 def _nbytes(graph: Any, node: Any) -> int | None:
     """Bytes Inductor allocates for ``node`` (a buffer or a kernel's workspace), None if it has
     no size to read."""
-    from torch._inductor.utils import get_dtype_size  # 2.11, 2.13
+    from torch._inductor.utils import get_dtype_size
 
     try:
         return _hint(graph, graph.get_allocation_storage_size(node)) * get_dtype_size(node.get_dtype())
@@ -88,13 +89,13 @@ def _scratch(node: Any) -> int:
     origin = getattr(node, "origin_node", None)
     if origin is None and hasattr(node, "get_origin_node"):
         origin = node.get_origin_node()
-    return extern_workspace(origin) if origin is not None else 0
+    return scratch_bytes(origin) if origin is not None else 0
 
 
 def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
     """The ``GraphTrace`` of a planned wrapper (``graph``: its ``GraphLowering``)."""
-    from torch._inductor import ir  # 2.11, 2.13
-    from torch._inductor.codegen import wrapper as w  # 2.11, 2.13
+    from torch._inductor import ir
+    from torch._inductor.codegen import wrapper as w
 
     events: list[Event] = []
     unknown: list[str] = []
@@ -158,8 +159,8 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
 @contextlib.contextmanager
 def read_allocations(sink: Callable[[GraphTrace], None]) -> Iterator[None]:
     """Inside this context, each graph Inductor generates code for hands its ``GraphTrace`` to
-    ``sink`` once its memory is planned (``PythonWrapperCodegen.run_wrapper_ir_passes``: 2.11,
-    2.13). If the hook cannot install, it warns and ``sink`` is never called."""
+    ``sink`` once its memory is planned (``PythonWrapperCodegen.run_wrapper_ir_passes``). If the
+    hook cannot install, it warns and ``sink`` is never called (``versions.HOOKS["read_allocations"]``)."""
     try:
         from torch._inductor.codegen import wrapper as w
         from torch._inductor.virtualized import V
@@ -184,7 +185,7 @@ def read_allocations(sink: Callable[[GraphTrace], None]) -> Iterator[None]:
         try:
             trace = trace_of(V.graph, list(self.lines))
         except Exception as e:  # noqa: BLE001 - a reading failure must never break compiling
-            drift("read_allocations", f"a wrapper line Inductor generated ({type(e).__name__}: {e})")
+            drift("read_allocations", f"a reader for a wrapper line Inductor generated ({type(e).__name__}: {e})")
         else:
             sink(trace)
         return result

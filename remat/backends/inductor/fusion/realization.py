@@ -1,0 +1,171 @@
+"""Which values of one graph Inductor stores in memory (*realizes*), and which it inlines into
+the kernels that read them. Pure: no torch import.
+
+``lower`` decides, for one graph, which values become *buffers*,
+following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_node``,
+``ir.py: StorageBox.realize_hint / mark_reuse / has_exceeded_max_reads``,
+``lowering.py: make_reduction, needs_realized_inputs``; ``versions.HOOKS["realization"]``):
+
+* graph inputs exist; graph outputs (forward outputs, saved values, gradients) are stored;
+* extern kernels (matmul, convolution, attention, ops without a lowering) store their outputs
+  and read stored inputs: a value an extern kernel reads is stored (*extern input*);
+* reductions are stored (``make_reduction`` realizes them); so are random values;
+* a pointwise value is *inlined*: each kernel that reads it recomputes it from the values its
+  expression reads, so those values stay alive until the last such kernel runs (the
+  simulator's lifetimes follow these reads, not the graph's edges). It is stored instead when
+  (Note [Inductor realization]):
+
+  - it has several readers and its expression is expensive to repeat: more than
+    ``reads_threshold`` buffer reads, more than ``opcount_threshold`` ops, or (CPU only) an
+    ``exp``/``log``/``tanh``/``sigmoid`` in it (``StorageBox.should_realize_on_reuse``);
+  - it has several readers and one is a graph output or a matmul (``realize_hint``);
+  - a pointwise op broadcasts it and it has more than ``opcount_threshold`` ops or (CPU) an
+    ``exp``/``log``/... (Note [Broadcast realization]);
+  - its expression has accumulated more than ``acc_reads_threshold`` reads or
+    ``opcount_threshold`` ops (``has_exceeded_max_reads``), or more than 100 ops;
+
+* views alias the value they view (stored or inlined alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..facts import FusionGraph, Kind
+from .rules import FusionRules
+
+__all__ = ["Lowered", "lower"]
+
+# Note [Inductor realization]
+# Inductor decides while lowering the fx graph, node by node, whether a pointwise value gets a
+# buffer. The thresholds (``FusionRules``) are torch/_inductor/config.py's
+# (versions.HOOKS["realization"]): realize_reads_threshold = 4; realize_acc_reads_threshold = 8
+# (realize_cpu_acc_reads_threshold = 12 on CPU); realize_opcount_threshold = 30
+# (realize_cpu_opcount_threshold = 50 on CPU). "Several readers" counts the distinct fx users of the
+# node in its graph (the output node is one). The op count of an inlined expression is estimated
+# from the ops folded into it (``NodeLowering.ops``) plus one load per buffer it reads; "reads" are
+# the distinct buffers it loads.
+#
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """One graph after lowering. ``stored``: nodes that get a buffer (views excluded). ``reads``:
+    for every node of the graph, the storages a kernel reading it loads (the node's own buffer,
+    a viewed buffer, or the buffers an inlined expression reads). Storages are node ids."""
+
+    stored: frozenset[int]
+    reads: dict[int, frozenset[int]] = field(default_factory=dict)
+
+
+@dataclass
+class _Expr:
+    """An inlined pointwise value: the buffers it loads and the nodes folded into it."""
+
+    reads: frozenset[int]
+    members: frozenset[int]
+    ops: int
+    heavy: bool
+
+
+def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
+    """Lower one graph (``g.order``, the nodes in execution order; ``g.given`` exist before it
+    runs; ``g.outputs`` it returns; ``g.numel`` shows where a pointwise op broadcasts an operand,
+    Note [Broadcast realization]). See the module docstring for the rules."""
+    member = set(g.order)
+    outs = g.outputs
+    users: dict[int, list[int]] = {v: [] for v in g.order}
+    for v in g.order:
+        for u in dict.fromkeys(g.inputs[v]):
+            if u in users:
+                users[u].append(v)
+    stored: set[int] = set()
+    reads: dict[int, frozenset[int]] = {u: frozenset({u}) for u in g.given}
+    expr: dict[int, _Expr] = {}
+    base: dict[int, int] = {}  # view -> the node whose value it views (stored or inlined)
+
+    def store(v: int) -> None:
+        v = base.get(v, v)
+        if v in expr:
+            del expr[v]
+            stored.add(v)
+            reads[v] = frozenset({v})
+            for w, b in base.items():  # views of it now view a buffer
+                if b == v:
+                    reads[w] = reads[v]
+
+    for v in g.order:
+        k = g.kind(v)
+        args = [u for u in dict.fromkeys(g.inputs[v]) if u in reads]
+        if k is Kind.VIEW:
+            b = base.get(args[0], args[0]) if args else v
+            base[v] = b
+            reads[v] = reads.get(b, frozenset())
+            continue
+        if k is Kind.POINTWISE:
+            for u in args:
+                b = base.get(u, u)
+                if b in expr and _broadcasts(v, b, g) and _realize_broadcast(expr[b], rules):
+                    store(b)
+            inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
+            rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
+            members = frozenset({v}).union(*(e.members for e in inlined))
+            e = _Expr(rd, members, sum(g.facts[w].ops for w in members) + len(rd),
+                      g.facts[v].heavy or any(e.heavy for e in inlined))
+            expr[v], reads[v] = e, rd
+            _realize_pointwise(v, e, users[v], v in outs, g, rules, store)
+            continue
+        if k is Kind.EXTERN:
+            for u in args:
+                store(u)
+        stored.add(v)
+        reads[v] = frozenset({v})
+    for v in outs:
+        if v in member:
+            store(v)
+    return Lowered(frozenset(stored), reads)
+
+
+def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, g: FusionGraph,
+                       rules: FusionRules, store: Callable[[int], None]) -> None:
+    n_users = len(readers) + (1 if is_output else 0)
+    n_reads = len(e.reads)
+    if n_users > 1:
+        if is_output:
+            return store(v)
+        if n_reads > 1 and any(g.is_extern(w) for w in readers):
+            return store(v)
+        if ((rules.realize_heavy_reuse and e.heavy) or e.ops > rules.opcount_threshold
+                or n_reads > rules.reads_threshold):
+            return store(v)
+    if n_reads > 1 and (n_reads > rules.acc_reads_threshold or e.ops > rules.opcount_threshold):
+        return store(v)
+    if e.ops > rules.max_inline_ops:
+        return store(v)
+    return None
+
+
+# Note [Broadcast realization]
+# A pointwise op that broadcasts an operand (a [rows, 1] statistic against a [rows, cols] value)
+# lowers it through ``expand``, which marks the operand reused once per copy (``lowering.py:
+# expand``, ``mark_reuse(..., graph_reuse=False)``; versions.HOOKS["broadcast_realization"]). That
+# is not graph fanout: the read-count test does not apply, but the others of
+# ``StorageBox.should_realize_on_reuse`` do, so an inlined operand with an ``exp``/``log``/... (CPU)
+# or more than ``opcount_threshold`` ops is stored, however few fx readers it has. The loss's
+# ``log(sum(exp(x - max)))`` is the case that matters: on CPU the [rows, 1] log is stored, so ``x -
+# max - log(...)`` (the log-softmax, [rows, vocab] in float32) holds no heavy op and stays inlined
+# into its two readers (the gather of the target's entry and the saved softmax) instead of taking a
+# buffer (HF Llama's LM loss, vocab 32000: a 62.5 MiB float32 buffer at 512 tokens that Inductor
+# never allocates).
+
+
+def _broadcasts(v: int, u: int, g: FusionGraph) -> bool:
+    """Whether pointwise ``v`` reads ``u`` broadcast (``u`` has fewer elements, both known)."""
+    return 0 < g.numel_of(u) < g.numel_of(v)
+
+
+def _realize_broadcast(e: _Expr, rules: FusionRules) -> bool:
+    """Whether Inductor stores an inlined value a pointwise op broadcasts (Note [Broadcast
+    realization]): ``should_realize_on_reuse`` without its read-count test."""
+    return (rules.realize_heavy_reuse and e.heavy) or e.ops > rules.opcount_threshold

@@ -1,0 +1,403 @@
+"""Version knowledge, in one table: every private torch hook or attribute remat uses, and every
+behaviour of torch that its predictions copy or were measured against, each with the torch
+versions it was checked on and what happens when a torch release changes it. The prose of the
+package cites entries by name (``versions.HOOKS["inductor_partitioner"]``) instead of repeating
+version numbers; ``tests/test_versions.py`` checks that every entry is used where it says and
+that every private torch name the package uses is in the table.
+
+Note [Version drift]
+Private torch APIs change between releases. What remat does when one is missing depends on what
+it would cost (``OnDrift``): a hook without which remat would silently do the wrong thing raises
+(``RAISE``: Inductor would ignore remat's plan); one whose absence changes memory, not
+correctness, warns once naming itself and remat runs without it (``WARN``); an API that changed
+shape between checked versions is read both ways (``FALL_BACK``); the foundations (AOTAutograd
+as a Dynamo backend, the partitioner's split) fail with torch's own error (``FAILS``); and a
+behaviour the peak model copies (a threshold, a fusion habit) is not visible at run time at
+all (``UNDETECTED``): a change shows as predicted peaks that miss the compiled ones, which the
+compiled peak, read from Inductor's wrapper, still reports. On a torch outside ``VERIFIED``
+remat runs, and says so once (``check_torch_version``).
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .errors import RematError
+
+__all__ = ["OnDrift", "Hook", "HOOKS", "VERIFIED", "torch_version", "is_verified", "check_torch_version", "drift"]
+
+
+class OnDrift(enum.Enum):
+    """What remat does when a torch release changes an entry."""
+
+    RAISE = "raise"
+    """``drift`` raises ``RematError``: running on would silently do the wrong thing."""
+    WARN = "warn"
+    """``drift`` warns once, naming the entry and its consequence; remat runs without it."""
+    FALL_BACK = "fall back"
+    """The other way the entry names is taken, silently (both ways were checked)."""
+    FAILS = "fails"
+    """Not guarded: torch's own error (an ImportError, an AttributeError) surfaces."""
+    UNDETECTED = "undetected"
+    """Not checked at run time: a behaviour the peak model copies or was measured against, or
+    one remat relies on; nothing fails, and what remat predicts or does drifts."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One entry of the table."""
+
+    purpose: str
+    """What remat uses it for."""
+    apis: tuple[str, ...]
+    """The torch names it relies on, dotted from ``torch`` (``Class.attr`` for attributes of
+    objects torch hands over), or the torch source it copies."""
+    used_in: tuple[str, ...]
+    """The modules of ``remat`` that use or copy it (each cites the entry by name)."""
+    checked: tuple[str, ...]
+    """torch major.minor versions it was checked on."""
+    on_drift: OnDrift
+    consequence: str
+    """What happens when it drifts (the text of the warning or the error)."""
+    notes: str = ""
+    """How it was checked, or what differs between the checked versions."""
+
+
+_INDUCTOR = "remat.backends.inductor"
+_BOTH = ("2.11", "2.13")
+
+HOOKS: dict[str, Hook] = {
+    # --- Dynamo and AOTAutograd (remat.compat) ----------------------------------------------
+    "aot_autograd": Hook(
+        "AOTAutograd as a Dynamo backend, with remat's partition function",
+        ("torch._dynamo.backends.common.aot_autograd",), ("remat.compat",), _BOTH, OnDrift.FAILS,
+        "remat cannot be imported."),
+    "register_backend": Hook(
+        "registering remat as the Dynamo backend \"remat\"",
+        ("torch._dynamo.backends.registry.register_backend", "torch._dynamo.backends.registry._BACKENDS"),
+        ("remat.compat",), _BOTH, OnDrift.FAILS, "remat cannot be imported."),
+    "op_classes": Hook(
+        "recognising ATen ops and higher-order ops in fx graphs, and reading their schemas",
+        ("torch._ops.OpOverload", "torch._ops.HigherOrderOperator", "torch._ops.OpOverload._schema",
+         "torch._ops.OpOverload._overloadname"),
+        ("remat.compat", "remat.backends.eager.backend", f"{_INDUCTOR}.decompositions"), _BOTH, OnDrift.FAILS,
+        "remat cannot be imported.",
+        "Also read by remat.analysis (op names, mutation, aliasing outputs)."),
+    "module_call": Hook(
+        "a wrapped module's calls go through remat's compiled call, as torch.compile(module)'s do",
+        ("torch.nn.Module._call_impl", "torch.nn.Module._compiled_call_impl", "torch.nn.Module._modules",
+         "torch.nn.Module._forward_pre_hooks", "torch._dynamo.eval_frame.OptimizedModule._orig_mod"),
+        ("remat.capture.wrap",), _BOTH, OnDrift.UNDETECTED,
+        "A wrapped module would run without remat (tests/test_api.py notices)."),
+    "pytree": Hook(
+        "the tensors of nested outputs", ("torch.utils._pytree.tree_leaves",), ("remat.compat",), _BOTH,
+        OnDrift.FAILS, "remat cannot be imported."),
+    "extract_fwd_bwd": Hook(
+        "splitting the joint graph into the forward and the backward at remat's saved values",
+        ("torch._functorch.partitioners._extract_fwd_bwd_modules",), ("remat.compat",), _BOTH, OnDrift.FAILS,
+        "planning falls back to the default partition (strict=True raises).",
+        "The keyword arguments differ between versions: those this torch lacks are left out (its signature "
+        "is read)."),
+    "default_partition": Hook(
+        "the plan a failed planning falls back to (what autograd saves)",
+        ("torch._functorch.partitioners.default_partition",), ("remat.compat",), _BOTH, OnDrift.FAILS,
+        "compiling fails with torch's error.", "Keyword arguments this torch lacks are left out."),
+    "autograd_cache_off": Hook(
+        "turning off the AOTAutograd cache, whose key ignores the partitioner",
+        ("torch._functorch.config", "torch._functorch.config.patch",
+         "torch._functorch.config.enable_autograd_cache"), ("remat.compat",), _BOTH, OnDrift.FAILS,
+        "compiling fails with torch's error (an unknown setting)."),
+    "backward_compiled_now": Hook(
+        "the budget re-plan: the backward compiled with the forward, so the step's compiled peak is read at once",
+        ("torch._functorch.config.force_non_lazy_backward_lowering",), ("remat.compat",), _BOTH, OnDrift.WARN,
+        "A plan whose compiled peak misses the budget is not replaced."),
+    "boxed_codegen": Hook(
+        "the uncompiled backend's graphs drop each input after its last use",
+        ("torch.fx.graph._BoxedCodeGen", "_boxed_call"), ("remat.compat",), _BOTH, OnDrift.FAILS,
+        "the uncompiled backend fails to run its graphs."),
+    "unbacked_hint": Hook(
+        "the size assumed for a data-dependent size without a hint",
+        ("torch._inductor.config.unbacked_symint_fallback",), ("remat.compat",), _BOTH, OnDrift.UNDETECTED,
+        "Cost estimates of data-dependent sizes differ from Inductor's.", "Its default, 8192."),
+    "size_hint": Hook(
+        "a concrete value of a symbolic size for cost estimates, without adding a guard",
+        ("SymNode.hint", "ShapeEnv.optimization_hint", "ShapeEnv.size_hint"), ("remat.compat",), _BOTH,
+        OnDrift.FALL_BACK, "Unbacked sizes are estimated with ShapeEnv.size_hint(allow_none=True) where "
+        "optimization_hint is missing, else with the unbacked hint.",
+        "ShapeEnv.optimization_hint: 2.13; ShapeEnv.size_hint(allow_none=True): 2.11."),
+    "graph_break_reason": Hook(
+        "naming the graph break that ended a captured graph",
+        ("GraphModule.compile_subgraph_reason", "GraphCompileReason.graph_break", "GraphCompileReason.reason",
+         "GraphCompileReason.user_stack"), ("remat.compat",), ("2.13",), OnDrift.FALL_BACK,
+        "Read defensively: a graph break is not named."),
+    "ordered_set": Hook(
+        "the static inputs handed to the partitioner's split", ("torch.utils._ordered_set.OrderedSet",),
+        ("remat.compat",), _BOTH, OnDrift.FAILS, "planning falls back to the default partition."),
+    "memory_profile": Hook(
+        "measuring a CPU step's peak from the profiler's allocation timeline (tests and benchmarks only)",
+        ("torch.profiler._memory_profiler.Action", "torch.profiler._memory_profiler.Action.CREATE",
+         "torch.profiler._memory_profiler.Action.DESTROY", "torch.profiler.profile._memory_profile"), ("remat.compat",),
+        ("2.13",), OnDrift.FAILS, "the measurement fails; training is unaffected."),
+    "fake_tensor_errors": Hook(
+        "one remat: error about the user's model instead of Dynamo's trace when the model fails on its inputs",
+        ("torch._dynamo.exc.TorchRuntimeError", "torch._subclasses.fake_tensor"),
+        ("remat.capture.dynamo_errors",), ("2.13",), OnDrift.FALL_BACK,
+        "Read defensively: the model's own error reaches the user as Dynamo's, with its log lines.",
+        "The logger torch._subclasses.fake_tensor logs the meta kernel's traceback at ERROR level before "
+        "Dynamo raises."),
+    "dynamo_weakref": Hook(
+        "Dynamo traces a wrapped module's forward through a weak reference to it",
+        ("VariableBuilder.wrap_weakref", "WeakRefVariable"), ("remat.capture.wrap",), _BOTH, OnDrift.UNDETECTED,
+        "Dynamo would trace the referent without a source of its own: graph breaks or recompiles.",
+        "The same handling is older than 2.11."),
+    "caller_lifetimes": Hook(
+        "how long the caller holds a step's outputs and output gradients (Note [What the caller holds])",
+        ("autograd", "AOTAutograd"), ("remat.core.allocations",), ("2.13",), OnDrift.UNDETECTED,
+        "The predicted and the read peaks of graphs that compute their loss drift.",
+        "Measured with the CPU profiler."),
+    "eager_kernels": Hook(
+        "eager autograd's peak, the reference of budget fractions (Note [Eager kernels])",
+        ("ATen kernels' registers-only intermediates",), ("remat.analysis.joint_graph",), ("2.13",),
+        OnDrift.UNDETECTED, "Plan.eager_peak_bytes drifts, and with it what a budget fraction means.",
+        "Measured with the CPU profiler: a two-block ViT's eager peak."),
+    # --- distributed (remat.compat, remat.distributed) --------------------------------------------
+    "dynamo_config": Hook(
+        "Dynamo's settings remat changes for a call (optimize_ddp while explaining a DDP model)",
+        ("torch._dynamo.config.patch", "torch._dynamo.config.optimize_ddp"),
+        ("remat.compat", "remat.distributed"), _BOTH, OnDrift.FAILS, "explaining a DDP model fails."),
+    "default_store": Hook(
+        "the default process group's key-value store (ranks agree on plans)",
+        ("torch.distributed.distributed_c10d._get_default_store",), ("remat.compat",), ("2.13",), OnDrift.FAILS,
+        "checking that ranks agree fails."),
+    "active_ddp_module": Hook(
+        "the DistributedDataParallel module whose forward is running",
+        ("torch.nn.parallel.DistributedDataParallel._get_active_ddp_module",), ("remat.compat",), ("2.13",),
+        OnDrift.FAILS, "compiling a graph under DDP fails."),
+    "optimize_ddp_mode": Hook(
+        "whether Dynamo splits graphs at DDP's buckets", ("torch._dynamo.utils.get_optimize_ddp_mode",
+                                                          "torch._dynamo.config.optimize_ddp"),
+        ("remat.compat",), ("2.13",), OnDrift.FALL_BACK,
+        "Where get_optimize_ddp_mode is missing, torch._dynamo.config.optimize_ddp is read (True or "
+        "\"ddp_optimizer\")."),
+    "ddp_bucket_split": Hook(
+        "remat's own split of a DDP graph at its gradient buckets (pieces keep the whole graph's plan)",
+        ("torch._dynamo.backends.distributed.DDPOptimizer",
+         "torch._dynamo.backends.distributed.DDPOptimizer.compile_fn", "torch.fx.passes.split_module.split_module"),
+        ("remat.compat",), ("2.13",), OnDrift.WARN,
+        "Dynamo splits DDP graphs itself, and pieces may keep more than the whole graph's plan.",
+        "DDPOptimizer(bucket_bytes_cap, backend_compile_fn) whose compile_fn splits through "
+        "torch.fx.passes.split_module.split_module, which is replaced for the length of the call."),
+    "from_node": Hook(
+        "the Dynamo-graph nodes a joint-graph node was traced from (DDP bucket pieces)",
+        ("fx.Node.meta['from_node']", "torch.fx.traceback.NodeSource"), ("remat.compat",), ("2.13",),
+        OnDrift.FALL_BACK, "No origins are found: each bucket piece is planned on its own."),
+    # --- Inductor: hooks (remat.backends.inductor) -------------------------------------------
+    "compile_fx": Hook(
+        "Inductor's entry point, each graph compiled through remat's inner compile",
+        ("torch._inductor.compile_fx", "torch._inductor.compile_fx.compile_fx",
+         "torch._inductor.compile_fx.compile_fx_inner"), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.FAILS,
+        "compiling fails with torch's error.",
+        "compile_fx's inner_compile and config_patches also apply to the backward, compiled later; "
+        "compile_fx_inner's keyword arguments is_backward and is_inference."),
+    "inductor_caches_off": Hook(
+        "Inductor's FX graph caches off (their keys see neither node meta nor fusion choices)",
+        ("torch._inductor.config", "torch._inductor.config.patch", "torch._inductor.config.fx_graph_cache",
+         "torch._inductor.config.fx_graph_remote_cache"), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.FAILS,
+        "compiling fails with torch's error (an unknown setting).",
+        "fx_graph_remote_cache is turned off where it exists."),
+    "recompute_precision": Hook(
+        "recomputed low-precision values equal the forward's bit for bit (Note [Recompute precision])",
+        ("torch._inductor.config.emulate_precision_casts",), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+        "A recomputed bf16/fp16 value may differ in its last bits from the saved one: gradients depend on "
+        "the plan."),
+    "inductor_partitioner": Hook(
+        "Inductor partitions joint graphs with remat's partition function",
+        ("torch._inductor.compile_fx.min_cut_rematerialization_partition",), (f"{_INDUCTOR}.hooks",), _BOTH,
+        OnDrift.RAISE, "Without it Inductor would partition with its own partitioner and ignore remat's plan. "
+        "Use backend='eager' (uncompiled) or a verified torch.",
+        "compile_fx calls the module-level name when no custom partitioner is set, on both; 2.13 also has "
+        "torch._inductor.config.custom_partitioner_fn, 2.11 does not (and it would enter Inductor's cache "
+        "key, which cannot pickle a closure)."),
+    "stage_local_fusion": Hook(
+        "Inductor fuses two kernels only within a block (Note [Stage-local fusion])",
+        ("torch._inductor.virtualized", "torch._inductor.virtualized.V",
+         "torch._inductor.virtualized.V.set_choices_handler", "torch._inductor.virtualized.V.choices",
+         "InductorChoices.can_fuse", "ir.Buffer.origin_node"), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+        "Gradients are unaffected, but kernels may fuse across blocks and hold several blocks' buffers at "
+        "once, above the predicted peak.",
+        "InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score), a documented extension point "
+        "for fusion heuristics."),
+    "cpp_flush_between_stages": Hook(
+        "the C++ backend emits one function per block between two extern kernels",
+        ("torch._inductor.codegen.cpp.CppScheduling", "torch._inductor.codegen.cpp.CppScheduling.codegen_node",
+         "torch._inductor.codegen.cpp.CppScheduling._set_flush_status", "torch._inductor.virtualized.V.graph",
+         "torch._inductor.virtualized.V.graph.scheduler",
+         "Scheduler.nodes", "Scheduler.current_node"), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+        "Gradients are unaffected, but one C++ function may hold every block's buffers between two extern "
+        "kernels, above the predicted peak.",
+        "The patch installs on both; its effect was measured on 2.13's CPU backend "
+        "(tests/test_stage_fusion.py)."),
+    "lowering_tables": Hook(
+        "which ops Inductor runs as extern kernels (a lowering fact of the peak model)",
+        ("torch._inductor.lowering", "torch._inductor.lowering.needs_realized_inputs",
+         "torch._inductor.lowering.fallbacks", "torch._inductor.lowering.lowerings"),
+        (f"{_INDUCTOR}.lowering",), _BOTH, OnDrift.WARN,
+        "Gradients are unaffected; ops are taken for generated code where a table is missing, and the "
+        "predicted peak may differ from the compiled one."),
+    "decomposition_table": Hook(
+        "Inductor's decompositions, which both backends trace the joint graph with",
+        ("torch._inductor.decomposition.select_decomp_table", "torch._inductor.lowering"),
+        (f"{_INDUCTOR}.decompositions",), _BOTH, OnDrift.FAILS, "tracing the joint graph fails.",
+        "Some decompositions (max_pool2d_with_indices) reach torch._inductor.lowering through the package "
+        "attribute, which exists only once that module was imported: it is imported first."),
+    "read_allocations": Hook(
+        "reading the compiled step's peak from the memory plan of Inductor's wrapper (remat.core.allocations)",
+        ("torch._inductor.codegen.wrapper", "torch._inductor.codegen.wrapper.PythonWrapperCodegen",
+         "torch._inductor.codegen.wrapper.PythonWrapperCodegen.run_wrapper_ir_passes",
+         *(f"torch._inductor.codegen.wrapper.{line}" for line in (
+             "AllocateLine", "ReuseLine", "FreeIfNotReusedLine", "FreeLine", "ReinterpretLine",
+             "ExternKernelAllocLine", "ExternKernelOutLine", "MultiOutputLine", "KernelCallLine", "WrapperLine",
+             "ScatterFallbackLine", "IndexPutFallbackLine")),
+         "torch._inductor.ir", "torch._inductor.ir.MultiOutputLayout", "torch._inductor.utils.get_dtype_size",
+         "torch._inductor.virtualized.V.graph", "GraphLowering.get_allocation_storage_size",
+         "GraphLowering.graph_inputs", "GraphLowering.graph_outputs", "SizeVarAllocator.optimization_hint"),
+        (f"{_INDUCTOR}.wrapper_reading", f"{_INDUCTOR}.backend"), _BOTH, OnDrift.WARN,
+        "The compiled peak is not read (or may be off): the plan keeps the simulator's prediction, and a "
+        "budget is not re-planned on it.",
+        "The line classes and their fields (node, reused_as, delete_old, is_reused, result_name, arg_name) "
+        "have the same names and meaning on both; a line of a kind the reader does not know is named in "
+        "GraphTrace.unknown."),
+    # --- Inductor: behaviour the peak model copies (remat.backends.inductor) -----------------------
+    "realization": Hook(
+        "which pointwise values Inductor stores rather than inlines (Note [Inductor realization])",
+        ("torch._inductor.graph.GraphLowering.run_node", "torch._inductor.ir.StorageBox.realize_hint",
+         "torch._inductor.ir.StorageBox.mark_reuse", "torch._inductor.ir.StorageBox.has_exceeded_max_reads",
+         "torch._inductor.ir.StorageBox.should_realize_on_reuse", "torch._inductor.lowering.make_reduction",
+         "torch._inductor.config.realize_reads_threshold", "torch._inductor.config.realize_acc_reads_threshold",
+         "torch._inductor.config.realize_opcount_threshold"),
+        (f"{_INDUCTOR}.fusion.realization", f"{_INDUCTOR}.fusion.rules", f"{_INDUCTOR}.lowering"), _BOTH,
+        OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones.",
+        "realize_reads_threshold 4; realize_acc_reads_threshold 8 (realize_cpu_acc_reads_threshold 12); "
+        "realize_opcount_threshold 30 (realize_cpu_opcount_threshold 50); the CPU backend's expensive ops "
+        "(lowering.HEAVY_OPS)."),
+    "broadcast_realization": Hook(
+        "an inlined value a pointwise op broadcasts is marked reused (Note [Broadcast realization])",
+        ("torch._inductor.lowering.expand", "torch._inductor.ir.StorageBox.mark_reuse"),
+        (f"{_INDUCTOR}.fusion.realization",), _BOTH, OnDrift.UNDETECTED,
+        "Predicted peaks drift from the compiled ones (the LM loss's log-softmax)."),
+    "inline_opcount": Hook(
+        "ops a pointwise node adds to an inlined expression", ("torch._inductor.ir.Pointwise.inner_fn_opcount",),
+        (f"{_INDUCTOR}.lowering",), ("2.13",), OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones.",
+        "Calibrated on inner_fn_opcount."),
+    "index_source_realization": Hook(
+        "a value computed from indices alone is stored once only if it reads a buffer (Note [Values "
+        "computed from indices])",
+        ("torch._inductor.ir.TensorBox.realize_hint", "torch._inductor.ir.Pointwise.inner_fn_opcount"),
+        (f"{_INDUCTOR}.lowering",), _BOTH, OnDrift.UNDETECTED,
+        "Extern kernels that read a causal mask may each compute it again (time, not memory)."),
+    "extern_separated_blocks": Hook(
+        "stage-local fusion only where some block runs no extern kernel (Note [Blocks an extern kernel "
+        "separates])", ("the scheduler's fusion around extern kernels",), (f"{_INDUCTOR}.lowering",), ("2.11",),
+        OnDrift.UNDETECTED, "Steps may be slower than they need to be, or fuse across blocks.",
+        "Measured on an H200 (bf16, benchmarks/variant_probe.py)."),
+    "kernel_fusion": Hook(
+        "how Inductor fuses and allocates the kernels between two extern kernels (Note [Inductor "
+        "allocation])",
+        ("torch._inductor.scheduler.Scheduler.fuse_nodes", "torch._inductor.config.inplace_buffers",
+         "torch._inductor.config.allow_buffer_reuse", "torch._inductor.codegen.wrapper.AllocateLine.plan",
+         "torch._inductor.codegen.cpp.CppKernelProxy.try_outer_loop_fusion_with_local_buf"),
+        (f"{_INDUCTOR}.fusion.allocation",), _BOTH, OnDrift.UNDETECTED,
+        "Predicted peaks drift from the compiled ones."),
+    "mix_order_reduction": Hook(
+        "GPU: a batch reduction fused with a sibling row reduction, and its workspace (Note [Mix-order "
+        "workspace])",
+        ("torch._inductor.scheduler.MixOrderReduction", "torch._inductor.scheduler.MixOrderReduction.can_fuse",
+         "torch._inductor.codegen.simd._codegen_mix_order_reduction"),
+        (f"{_INDUCTOR}.fusion.allocation", f"{_INDUCTOR}.fusion.rules"), _BOTH, OnDrift.UNDETECTED,
+        "Predicted GPU peaks drift from the compiled ones.", "On by default; thresholds in fusion.rules.MixOrder."),
+    "persistent_reductions": Hook(
+        "Triton reduces a row of more than 1024 elements in a loop (Note [Looped reductions])",
+        ("torch._inductor.config.triton.persistent_reductions",),
+        (f"{_INDUCTOR}.fusion.allocation", f"{_INDUCTOR}.fusion.rules"), _BOTH, OnDrift.UNDETECTED,
+        "Predicted GPU peaks drift from the compiled ones.", "The limit for inner reductions: 1024."),
+    "buffer_reuse_estimate": Hook(
+        "Inductor's wrapper holds a freed buffer for a later one when its own peak estimate allows (Note "
+        "[Reuse estimate])",
+        ("torch._inductor.memory.estimate_peak_memory", "torch._inductor.codegen.wrapper.EfficientPeakEstimate",
+         "torch._inductor.codegen.wrapper.AllocateLine.plan"), (f"{_INDUCTOR}.fusion.reuse",), _BOTH,
+        OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones."),
+    # --- ATen kernels' scratch (remat.backends.aten_scratch) -------------------------------------
+    "aten_cpu_convolution_scratch": Hook(
+        "ATen's CPU convolutions (oneDNN) copy their operands into blocked layouts",
+        ("aten.convolution", "aten.convolution_backward"), ("remat.backends.aten_scratch",), ("2.13",),
+        OnDrift.UNDETECTED, "Predicted peaks of CPU convolutions drift.",
+        "Measured with the profiler: 1x1 and 3x3 convolutions of 16 and 64 channels, within 0.02 MiB."),
+    "aten_cpu_flash_attention_scratch": Hook(
+        "ATen's CPU flash attention's per-thread blocks", ("native/cpu/FlashAttentionKernel.cpp",),
+        ("remat.backends.aten_scratch",), ("2.13",), OnDrift.UNDETECTED,
+        "Predicted peaks of CPU attention drift.", "Checked against the profiler (tests/test_fusion_peak.py)."),
+}
+
+
+def torch_version(version: str | None = None) -> str:
+    """``"2.13"`` for ``"2.13.0+cpu"``."""
+    parts = (version or torch.__version__).split("+")[0].split(".")
+    return ".".join(parts[:2])
+
+
+def _verified() -> tuple[str, ...]:
+    """The versions every Inductor hook (an entry of ``remat.backends.inductor`` that torch's code
+    is called through, not a copied behaviour) was checked on."""
+    hooks = [h for h in HOOKS.values() if h.on_drift is not OnDrift.UNDETECTED
+             and any(m.startswith(_INDUCTOR) for m in h.used_in)]
+    common = set.intersection(*(set(h.checked) for h in hooks))
+    return tuple(sorted(common, key=lambda v: tuple(map(int, v.split(".")))))
+
+
+VERIFIED: tuple[str, ...] = _verified()
+"""torch major.minor versions on which every Inductor hook in ``HOOKS`` was checked."""
+
+_warned: set[tuple[str, str]] = set()
+
+
+def is_verified(version: str | None = None) -> bool:
+    return torch_version(version) in VERIFIED
+
+
+def check_torch_version(version: str | None = None) -> bool:
+    """Warn once per process if this torch is not among ``VERIFIED``; True if it is."""
+    v = torch_version(version)
+    if v in VERIFIED:
+        return True
+    if ("", v) not in _warned:
+        _warned.add(("", v))
+        warnings.warn(
+            f"remat: torch {v} was not verified with remat's Inductor hooks (verified: "
+            f"{', '.join(VERIFIED)}). Training stays correct, but the predicted peak memory and "
+            "the fusion limits remat sets may drift; any hook that cannot install is named in its "
+            "own warning. Please report what you see, or use a verified torch.",
+            stacklevel=3,
+        )
+    return False
+
+
+def drift(key: str, missing: str | None = None) -> None:
+    """``HOOKS[key]`` cannot be used on this torch (``missing``: what is absent or failed; by
+    default the entry's names): raise ``RematError`` if it is a ``RAISE`` entry, else warn once
+    with the entry's consequence (Note [Version drift])."""
+    hook = HOOKS.get(key)
+    if hook is None or hook.on_drift not in (OnDrift.RAISE, OnDrift.WARN):
+        raise RematError(f"remat: internal error: no drift behaviour for {key!r} in remat.versions.HOOKS "
+                         "(please report)")
+    what = missing or ", ".join(hook.apis)
+    text = (f"remat: `{key}` ({hook.purpose}) cannot be used on torch {torch.__version__}: {what} is missing "
+            f"(checked on {', '.join(hook.checked)}). {hook.consequence} Please report this torch version.")
+    if hook.on_drift is OnDrift.RAISE:
+        raise RematError(text)
+    if (key, what) not in _warned:
+        _warned.add((key, what))
+        warnings.warn(text, stacklevel=3)
