@@ -1,10 +1,10 @@
-"""``remat.capture.tuning.TunedGraph``: candidates taken round-robin on the user's steps, timed
+"""``remat.capture.measure.TunedGraph``: candidates taken round-robin on the user's steps, timed
 forward and backward with an injected clock, the winner kept (Note [Tuning on the user's steps])."""
 
 import pytest
 import torch
 
-from remat.capture.tuning import TunedGraph, _compiled_node
+from remat.capture.measure import TunedGraph, _compiled_node
 
 
 class Clock:
