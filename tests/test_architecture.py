@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent / "remat"
 INDUCTOR_PACKAGE = "remat.backends.inductor"
 COMPAT = "remat.compat"
 PURE_PACKAGE = "remat.core"
-PURE_ELSEWHERE = ("remat.backends.inductor.fusion", "remat.backends.inductor.kernel_model", "remat.units")
+PURE_ELSEWHERE = ("remat.backends.inductor.fusion", "remat.backends.inductor.kernel_model", "remat.units",
+                  "remat.device")
 
 
 def _module_name(path: Path) -> str:

@@ -1,17 +1,15 @@
-"""Bytes and recompute costs of values, from fake-tensor metadata, and the roofline device model
-behind recompute-time estimates. Symbolic sizes use their size hints (the sizes of the example
-inputs Dynamo traced with), never guards: a plan stays valid for every size."""
+"""Bytes and recompute costs of values, from fake-tensor metadata, priced with a roofline
+device model (``remat.device.DeviceModel``). Symbolic sizes use their size hints (the sizes of
+the example inputs Dynamo traced with), never guards: a plan stays valid for every size."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from .. import compat
+from ..device import DeviceModel
 
-__all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "DeviceModel", "H200", "CPU",
-           "DEVICE_MODELS", "flops", "recompute_seconds"]
+__all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "flops", "recompute_seconds"]
 
 
 def hint(x: object) -> int:
@@ -50,31 +48,6 @@ def dtype_name(val: object) -> str:
 
 
 # --- recompute cost model ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DeviceModel:
-    """Roofline parameters for recompute-time estimates."""
-
-    name: str
-    matmul_flops: float
-    """Dense matmul/convolution/attention rate (FLOP/s)."""
-    vector_flops: float
-    """Rate of non-matmul arithmetic (FLOP/s)."""
-    bandwidth: float
-    """Device memory bandwidth (bytes/s)."""
-
-    def __post_init__(self) -> None:
-        for f in ("matmul_flops", "vector_flops", "bandwidth"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"remat: DeviceModel.{f} must be positive, got {getattr(self, f)!r}")
-
-
-H200 = DeviceModel(name="h200", matmul_flops=790e12, vector_flops=60e12, bandwidth=4.3e12)
-"""Measured on this project's H200: bf16 8192^3 matmul 788 TFLOP/s, device copy 4.3 TB/s."""
-CPU = DeviceModel(name="cpu", matmul_flops=1e11, vector_flops=2e10, bandwidth=2e10)
-"""A conservative two-core CPU."""
-DEVICE_MODELS = {"h200": H200, "cpu": CPU}
 
 
 def _dims(val: object) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ from .. import compat
 from ..core.peak import Schedule
 from ..core.reach import reachable
 from ..core.solver import Problem
+from ..device import CPU, H200, DeviceModel
 from ..plan import NodeFacts, PlanNode, Role
 from ..planning.nesting import COPY_OF
 from ..policy import OpInfo
@@ -197,12 +198,12 @@ def _attention_dropout(node: fx.Node) -> float:
     return 0.0
 
 
-def device_model_for(gm: fx.GraphModule) -> cost.DeviceModel:
+def device_model_for(gm: fx.GraphModule) -> DeviceModel:
     """The default device model: H200 numbers for a graph on a GPU, CPU numbers otherwise."""
-    return cost.H200 if device_of(gm) == "cuda" else cost.CPU
+    return H200 if device_of(gm) == "cuda" else CPU
 
 
-def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
+def _recompute_costs(jg: JointGraph, dev: DeviceModel) -> None:
     fl, secs = [], []
     for i, (n, op) in enumerate(zip(jg.nodes, jg.ops)):
         if i not in jg.forward or n.op != "call_function":
@@ -228,7 +229,7 @@ def _recompute_costs(jg: JointGraph, dev: cost.DeviceModel) -> None:
 
 
 def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int],
-            device_model: cost.DeviceModel | None = None, backend: Backend | None = None,
+            device_model: DeviceModel | None = None, backend: Backend | None = None,
             eager_kernels: bool = False, ends_at_break: bool = False) -> JointGraph:
     """Classify the joint graph's nodes (see the module docstring). ``backend`` is how the
     partitioned graphs will run (``remat.backends.base``): it supplies the step model the schedule is
