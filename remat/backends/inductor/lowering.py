@@ -13,8 +13,9 @@ import torch
 import torch.fx as fx
 
 from ...analysis import cost
-from ...analysis.joint_graph import block_of, flags, tensor_inputs, view_root
+from ...analysis.op_facts import op_facts, tensor_inputs, view_root
 from ...analysis.ops import CAST_OPS, op_name, packet
+from ...analysis.provenance import block_of
 from ...compat import OpOverload
 from ..base import INDEX_SOURCE
 
@@ -64,13 +65,12 @@ def lowering_kind(node: fx.Node, extern: bool) -> str:
         return "view"
     op = op_name(node)
     target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
-    f = flags(target, op_name(target))
-    if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
-                               "is_mutating")) or extern:
+    f = op_facts(target)
+    if f.is_matmul or f.is_attention or f.is_data_dependent or f.is_collective or f.is_mutating or extern:
         return "extern"
-    if f.get("is_random"):
+    if f.is_random:
         return "random"
-    if "reduction_ratio" in f:
+    if f.is_reduction:
         return "reduction" if _reduces_last_dims(target) else "outer-reduction"
     return "pointwise"
 
