@@ -28,7 +28,7 @@ from .ops import (
 )
 
 __all__ = ["NO_FACTS", "op_facts", "stops_free_recompute", "through_getitem", "op_info",
-           "tensor_inputs", "returns_alias", "view_root"]
+           "tensor_inputs", "returns_alias", "view_root", "ALIAS_NAMES", "aliases_by_name"]
 
 
 NO_FACTS = OpFacts()
@@ -128,3 +128,18 @@ def view_root(node: fx.Node) -> fx.Node:
             continue
         return node
     return node
+
+
+ALIAS_NAMES = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze",
+                         "unsqueeze", "alias", "slice", "select", "as_strided", "unflatten", "flatten"})
+"""Ops, by name, whose result shares their first argument's storage (``aliases_by_name``)."""
+
+
+def aliases_by_name(node: fx.Node) -> bool:
+    """Whether ``node``'s op is named in ``ALIAS_NAMES`` (any overload, any namespace). Not the
+    schema's test (``returns_alias``, which graph analysis uses): it also counts ``_unsafe_view``,
+    whose schema declares no alias, and leaves out multi-output views (``split``, ``unbind``) and
+    rarer ones (``diagonal``, ``unfold``). Used by DDP's bucket split
+    (``remat.capture.buckets``), which asks whether a value is a view of one the plan saves."""
+    name = getattr(node.target, "__name__", "")
+    return name.split(".")[0] in ALIAS_NAMES

@@ -1,5 +1,7 @@
 """Where an op of a joint graph comes from in the user's code: its module path (from Dynamo's
-``nn_module_stack``), the repeated block it belongs to, and its source line."""
+``nn_module_stack``), the repeated block it belongs to, and its source line. ``clean_module_paths``
+takes out the step Dynamo adds to paths reached through a wrapped module's own ``forward``; the
+capture stage applies it to Dynamo's graph, before AOTAutograd copies the paths to the joint graph."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import re
 
 import torch.fx as fx
 
-__all__ = ["module_path", "block_of", "source"]
+__all__ = ["module_path", "block_of", "source", "clean_module_paths"]
 
 _PATH_KEY = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
@@ -49,3 +51,20 @@ def source(node: fx.Node) -> str:
         return ""
     file, line = frames[-1]
     return f"{file.rsplit('/', 1)[-1]}:{line}"
+
+
+_WEAK_SELF_STEP = re.compile(r"(?:\.forward\.__self__|(?<=^L\['self'\]))\.ref\(\)")
+"""The step Dynamo puts in the module paths of modules reached through a wrapped module's own
+``forward``: ``.forward.__self__.ref()`` where it inlines that method, ``L['self'].ref()`` where
+it compiles the method's own frame."""
+
+
+def clean_module_paths(gm: fx.GraphModule) -> None:
+    """Drop the step Dynamo puts in the module paths of modules it reached through a wrapped
+    module's own ``forward`` method (Note [One frame per wrapped module] in ``remat/api.py``),
+    bound to a weak reference to the module: ``m.forward.__self__.ref()`` is ``m``, and in the
+    method's own frame ``self.ref()`` is the module, named as ``self`` would be."""
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack and any(_WEAK_SELF_STEP.search(v[0]) for v in stack.values()):
+            node.meta["nn_module_stack"] = {k: (_WEAK_SELF_STEP.sub("", v[0]), *v[1:]) for k, v in stack.items()}
