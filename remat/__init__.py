@@ -4,6 +4,7 @@ bytes-weighted min-cut over the joint forward+backward graph."""
 from .api import checkpoint, compiled_plans, explain, pareto
 from .budget import Budget
 from .capture.dynamo_backend import remat_backend
+from .device import DeviceModel
 from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematError
 from .options import Options
 from .plan import Frontier, Plan, SavedTensor
@@ -18,6 +19,7 @@ __all__ = [
     "compiled_plans",
     "remat_backend",
     "Options",
+    "DeviceModel",
     "Plan",
     "SavedTensor",
     "Decision",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .analysis.cost import DEVICE_MODELS, DeviceModel
 from .backends.base import BACKENDS
 from .budget import Budget, parse_budget
+from .device import DEVICE_MODELS, DeviceModel
 from .errors import RematError
 from .policy import Policy, normalize_policy
 
@@ -39,7 +39,7 @@ class Options:
 
     device_model: DeviceModel | str | None = None
     """Roofline numbers for recompute-time estimates: ``"h200"``, ``"cpu"`` or a
-    ``remat.analysis.cost.DeviceModel``; ``None`` picks by the graph's device."""
+    ``remat.DeviceModel``; ``None`` picks by the graph's device."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:
@@ -57,10 +57,10 @@ class Options:
         if isinstance(dm, str):
             if dm not in DEVICE_MODELS:
                 raise RematError(f"remat: device_model must be one of {sorted(DEVICE_MODELS)} or a "
-                                 f"remat.analysis.cost.DeviceModel, got {dm!r}.")
+                                 f"remat.DeviceModel, got {dm!r}.")
             object.__setattr__(self, "device_model", DEVICE_MODELS[dm])
         elif dm is not None and not isinstance(dm, DeviceModel):
-            raise RematError(f"remat: device_model must be a name or a remat.analysis.cost.DeviceModel, got "
+            raise RematError(f"remat: device_model must be a name or a remat.DeviceModel, got "
                              f"{type(dm).__name__}.")
 
     @classmethod

@@ -26,6 +26,7 @@ __all__ = [
     "Decision",
     "MUST_SAVE",
     "MUST_RECOMPUTE",
+    "OpFacts",
     "OpInfo",
     "Rule",
     "save",
@@ -48,18 +49,11 @@ MUST_SAVE = Decision.MUST_SAVE
 MUST_RECOMPUTE = Decision.MUST_RECOMPUTE
 
 
-@dataclass(frozen=True, slots=True)
-class OpInfo:
-    """What a rule sees of one op of the joint graph (no torch objects)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpFacts:
+    """What one op is, from its target, schema and tensor metadata alone (no torch objects);
+    computed once per op by ``remat.analysis.op_facts.op_facts``."""
 
-    name: str
-    """The fx node name, e.g. ``"mm_3"``."""
-    op: str
-    """Overload name, e.g. ``"aten.mm.default"``; ``""`` for graph inputs."""
-    module: str
-    """Module path of the op in the user's model, e.g. ``"layers.0.mlp.fc1"``; ``""`` if unknown."""
-    forward: bool
-    """True if the forward computes this op (it is an ancestor of a forward output)."""
     is_view: bool = False
     is_random: bool = False
     is_mutating: bool = False
@@ -67,15 +61,10 @@ class OpInfo:
     is_data_dependent: bool = False
     is_matmul: bool = False
     is_attention: bool = False
+    is_reduction: bool = False
+    """A reduction op (``sum``, ``amax``, ``var_mean`` ...), whatever its ``reduction_ratio``."""
     reduction_ratio: float = 0.0
     """Input elements per output element for reductions; 0 for other ops."""
-    is_normalization_boundary: bool = False
-
-    @property
-    def packet(self) -> str:
-        """``"aten.mm"`` for ``"aten.mm.default"``."""
-        parts = self.op.split(".")
-        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
 
     @property
     def unsafe_to_recompute(self) -> str | None:
@@ -89,6 +78,28 @@ class OpInfo:
         if self.is_data_dependent:
             return "data-dependent"
         return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpInfo(OpFacts):
+    """What a rule sees of one op of the joint graph (no torch objects): its ``OpFacts`` and
+    its place in the graph."""
+
+    name: str
+    """The fx node name, e.g. ``"mm_3"``."""
+    op: str
+    """Overload name, e.g. ``"aten.mm.default"``; ``""`` for graph inputs."""
+    module: str
+    """Module path of the op in the user's model, e.g. ``"layers.0.mlp.fc1"``; ``""`` if unknown."""
+    forward: bool
+    """True if the forward computes this op (it is an ancestor of a forward output)."""
+    is_normalization_boundary: bool = False
+
+    @property
+    def packet(self) -> str:
+        """``"aten.mm"`` for ``"aten.mm.default"``."""
+        parts = self.op.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
 
 
 Predicate = Callable[[OpInfo], object]

@@ -161,7 +161,7 @@ HOOKS: dict[str, Hook] = {
         "Measured with the CPU profiler."),
     "eager_kernels": Hook(
         "eager autograd's peak, the reference of budget fractions (Note [Eager kernels])",
-        ("ATen kernels' registers-only intermediates",), ("remat.analysis.joint_graph",), ("2.13",),
+        ("ATen kernels' registers-only intermediates",), ("remat.analysis.schedule",), ("2.13",),
         OnDrift.UNDETECTED, "Plan.eager_peak_bytes drifts, and with it what a budget fraction means.",
         "Measured with the CPU profiler: a two-block ViT's eager peak."),
     # --- distributed (remat.compat, remat.distributed) --------------------------------------------

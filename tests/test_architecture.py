@@ -23,7 +23,7 @@ INDUCTOR_PACKAGE = "remat.backends.inductor"
 COMPAT = "remat.compat"
 PURE_PACKAGE = "remat.core"
 PURE_ELSEWHERE = ("remat.backends.inductor.facts", "remat.backends.inductor.fusion",
-                  "remat.backends.inductor.kernel_model", "remat.units")
+                  "remat.backends.inductor.kernel_model", "remat.units", "remat.device")
 """Pure modules outside the core (a package here covers its modules)."""
 
 

@@ -38,7 +38,7 @@ def test_no_fused_kernel_spans_two_blocks(monkeypatch, budget):
 
 
 def test_block_of_cuts_the_module_path_at_the_first_index():
-    from remat.analysis.joint_graph import block_of
+    from remat.analysis.provenance import block_of
 
     class N:
         def __init__(self, path):
@@ -73,7 +73,7 @@ def _kernel_calls(monkeypatch, tagged_everywhere: bool) -> list[int]:
 
     from torch._inductor.utils import run_and_get_code
 
-    from remat.analysis.joint_graph import block_of
+    from remat.analysis.provenance import block_of
 
     if tagged_everywhere:  # the rule before Note [Blocks an extern kernel separates]
         monkeypatch.setattr(hooks, "fusion_blocks",

@@ -1,17 +1,20 @@
-"""Bytes and recompute costs of values, from fake-tensor metadata, and the roofline device model
-behind recompute-time estimates. Symbolic sizes use their size hints (the sizes of the example
-inputs Dynamo traced with), never guards: a plan stays valid for every size."""
+"""Bytes and recompute costs of values, from fake-tensor metadata, priced with a roofline
+device model (``remat.device.DeviceModel``). Symbolic sizes use their size hints (the sizes of
+the example inputs Dynamo traced with), never guards: a plan stays valid for every size."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
 
 import torch
+import torch.fx as fx
 
 from .. import compat
+from ..device import DeviceModel
+from ..policy import OpInfo
 
-__all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "DeviceModel", "H200", "CPU",
-           "DEVICE_MODELS", "flops", "recompute_seconds"]
+__all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "flops", "Work", "recompute_seconds",
+           "recompute_estimate"]
 
 
 def hint(x: object) -> int:
@@ -52,31 +55,6 @@ def dtype_name(val: object) -> str:
 # --- recompute cost model ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DeviceModel:
-    """Roofline parameters for recompute-time estimates."""
-
-    name: str
-    matmul_flops: float
-    """Dense matmul/convolution/attention rate (FLOP/s)."""
-    vector_flops: float
-    """Rate of non-matmul arithmetic (FLOP/s)."""
-    bandwidth: float
-    """Device memory bandwidth (bytes/s)."""
-
-    def __post_init__(self) -> None:
-        for f in ("matmul_flops", "vector_flops", "bandwidth"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"remat: DeviceModel.{f} must be positive, got {getattr(self, f)!r}")
-
-
-H200 = DeviceModel(name="h200", matmul_flops=790e12, vector_flops=60e12, bandwidth=4.3e12)
-"""Measured on this project's H200: bf16 8192^3 matmul 788 TFLOP/s, device copy 4.3 TB/s."""
-CPU = DeviceModel(name="cpu", matmul_flops=1e11, vector_flops=2e10, bandwidth=2e10)
-"""A conservative two-core CPU."""
-DEVICE_MODELS = {"h200": H200, "cpu": CPU}
-
-
 def _dims(val: object) -> tuple[int, ...]:
     return shape(val)
 
@@ -112,16 +90,46 @@ def flops(op: str, out: object, ins: list[object]) -> int:
     return max(numel(out), max((numel(v) for v in ins if isinstance(v, torch.Tensor)), default=0))
 
 
-def recompute_seconds(kind: str, n_flops: int, bytes_in: int, bytes_out: int, dev: DeviceModel) -> float:
-    """Roofline time to recompute one op inside the backward.
+class Work(enum.Enum):
+    """How recomputing an op in the backward costs time (``recompute_seconds``)."""
 
-    ``kind`` is "view" (free), "pointwise" (fused into its consumer: compute only, no memory
-    round trip), "reduction" (reads its input once), or "heavy" (matmul, convolution, attention:
-    max of compute at the matmul rate and reading inputs and writing the output)."""
-    if kind == "view":
+    VIEW = "view"
+    """Free: a view or a getitem."""
+    POINTWISE = "pointwise"
+    """Fused into its consumer: compute only, no memory round trip."""
+    REDUCTION = "reduction"
+    """Reads its input once."""
+    HEAVY = "heavy"
+    """Matmul, convolution, attention: compute at the matmul rate, or reading its inputs and
+    writing its output, whichever is longer."""
+
+
+def recompute_seconds(kind: Work, n_flops: int, bytes_in: int, bytes_out: int, dev: DeviceModel) -> float:
+    """Roofline time to recompute one op of ``kind`` inside the backward (see ``Work``)."""
+    if kind is Work.VIEW:
         return 0.0
-    if kind == "pointwise":
+    if kind is Work.POINTWISE:
         return n_flops / dev.vector_flops
-    if kind == "reduction":
+    if kind is Work.REDUCTION:
         return max(n_flops / dev.vector_flops, bytes_in / dev.bandwidth)
     return max(n_flops / dev.matmul_flops, (bytes_in + bytes_out) / dev.bandwidth)
+
+
+def _work(op: OpInfo) -> Work:
+    if op.is_view or op.op == "getitem":
+        return Work.VIEW
+    if op.is_matmul or op.is_attention:
+        return Work.HEAVY
+    return Work.REDUCTION if op.reduction_ratio else Work.POINTWISE
+
+
+def recompute_estimate(node: fx.Node, op: OpInfo, dev: DeviceModel) -> tuple[int, float]:
+    """``(flops, seconds)`` to recompute the forward op ``node`` (described by ``op``) in a fused
+    backward kernel; a view's flops count 0."""
+    ins = [a.meta.get("val") for a in node.all_input_nodes]
+    out = node.meta.get("val")
+    kind = _work(op)
+    f = 0 if kind is Work.VIEW else flops(op.op, out, ins)
+    bytes_in = sum(nbytes(v) for v in ins)
+    bytes_out = sum(nbytes(v) for v in out) if isinstance(out, (tuple, list)) else nbytes(out)
+    return int(f), recompute_seconds(kind, f, bytes_in, bytes_out, dev)

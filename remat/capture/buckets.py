@@ -52,17 +52,10 @@ import torch
 import torch.fx as fx
 
 from .. import compat
+from ..analysis.op_facts import aliases_by_name
 from ..analysis.ops import is_impure
 
 __all__ = ["whole_plan_values", "regroup"]
-
-_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze",
-                    "unsqueeze", "alias", "slice", "select", "as_strided", "unflatten", "flatten"})
-
-
-def _is_view(node: fx.Node) -> bool:
-    name = getattr(node.target, "__name__", "")
-    return name.split(".")[0] in _VIEWS
 
 
 def whole_plan_values(joint: fx.GraphModule, saved: set[str], recomputed: set[str],
@@ -98,7 +91,7 @@ def _keeps(node: fx.Node, saved: set[str]) -> bool:
     """Whether ``node`` is saved, or is a view (of a view...) of a saved value: a view of a
     saved value costs nothing more."""
     while node.name not in saved:
-        if not _is_view(node) or not node.args or not isinstance(node.args[0], fx.Node):
+        if not aliases_by_name(node) or not node.args or not isinstance(node.args[0], fx.Node):
             return False
         node = node.args[0]
     return True

@@ -8,7 +8,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,6 +16,7 @@ from typing import Any
 import torch.fx as fx
 
 from .. import compat, distributed
+from ..analysis.provenance import clean_module_paths
 from ..backends.registry import backend_for
 from ..errors import InfeasibleBudgetError
 from ..logs import planning, warn_at_user
@@ -264,23 +264,6 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule | None:
         return None
     copied.meta.update(gm.meta)
     return copied
-
-
-_WEAK_SELF_STEP = re.compile(r"(?:\.forward\.__self__|(?<=^L\['self'\]))\.ref\(\)")
-"""The step Dynamo puts in the module paths of modules reached through a wrapped module's own
-``forward``: ``.forward.__self__.ref()`` where it inlines that method, ``L['self'].ref()`` where
-it compiles the method's own frame."""
-
-
-def clean_module_paths(gm: fx.GraphModule) -> None:
-    """Drop the step Dynamo puts in the module paths of modules it reached through a wrapped
-    module's own ``forward`` method (Note [One frame per wrapped module] in ``remat/capture/wrap.py``),
-    bound to a weak reference to the module: ``m.forward.__self__.ref()`` is ``m``, and in the
-    method's own frame ``self.ref()`` is the module, named as ``self`` would be."""
-    for node in gm.graph.nodes:
-        stack = node.meta.get("nn_module_stack")
-        if stack and any(_WEAK_SELF_STEP.search(v[0]) for v in stack.values()):
-            node.meta["nn_module_stack"] = {k: (_WEAK_SELF_STEP.sub("", v[0]), *v[1:]) for k, v in stack.items()}
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from ..analysis.cost import DeviceModel
 from ..analysis.cse import cse
 from ..analysis.joint_graph import JointGraph, analyze, device_model_for
 from ..backends.base import INDEX_SOURCE, Backend
@@ -30,6 +29,7 @@ from ..core.peak import OP_BY_OP, floor_bytes, simulate
 from ..core.reach import reachable
 from ..core.segments import checkpoint_sets, nested_sets, separators
 from ..core.solver import ConflictError, WeightedCuts, describe, solve, solve_weighted
+from ..device import DeviceModel
 from ..errors import InfeasibleBudgetError, PlanningError
 from ..options import Options
 from ..plan import Plan, PlanNode, Role, SavedTensor, Status

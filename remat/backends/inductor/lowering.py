@@ -15,8 +15,9 @@ import torch
 import torch.fx as fx
 
 from ...analysis import cost
-from ...analysis.joint_graph import block_of, flags, tensor_inputs, view_root
+from ...analysis.op_facts import op_facts, tensor_inputs, view_root
 from ...analysis.ops import CAST_OPS, op_name, packet
+from ...analysis.provenance import block_of
 from ...compat import OpOverload
 from ...versions import drift
 from ..base import INDEX_SOURCE
@@ -66,13 +67,12 @@ def lowering_kind(node: fx.Node, extern: bool) -> Kind:
         return Kind.VIEW
     op = op_name(node)
     target = node.args[0] if op == "getitem" and isinstance(node.args[0], fx.Node) else node
-    f = flags(target, op_name(target))
-    if any(f.get(k) for k in ("is_matmul", "is_attention", "is_data_dependent", "is_collective",
-                               "is_mutating")) or extern:
+    f = op_facts(target)
+    if f.is_matmul or f.is_attention or f.is_data_dependent or f.is_collective or f.is_mutating or extern:
         return Kind.EXTERN
-    if f.get("is_random"):
+    if f.is_random:
         return Kind.RANDOM
-    if "reduction_ratio" in f:
+    if f.is_reduction:
         return Kind.REDUCTION if _reduces_last_dims(target) else Kind.OUTER_REDUCTION
     return Kind.POINTWISE
 
