@@ -8,6 +8,8 @@
   and ``backends/inductor/kernel_model``) imports no torch at all;
 * no import cycle inside ``remat/``, lazy imports inside functions and imports under
   ``if TYPE_CHECKING:`` included (an annotation's import is a dependency too);
+* below capture (planning, analysis, the core, the partition) nothing resolves a backend by
+  name: the backend is handed down (``remat.backends.registry`` is capture's);
 * the renderers (``remat.report``) read a plan's data (``remat.plan_data``), never ``remat.plan``.
 """
 
@@ -181,6 +183,14 @@ def test_planner_and_simulator_reach_inductor_only_through_the_backend_interface
     for name in BELOW_CAPTURE:
         mods = [m for m, _ in _imports(name, MODULES[name])]
         assert not [m for m in mods if m.startswith(INDUCTOR_PACKAGE)], (name, mods)
+
+
+def test_nothing_below_capture_resolves_a_backend_by_name():
+    """Capture resolves the backends once (``RematBackend``) and hands them down."""
+    offenders = [f"{name} imports {mod} {names}" for name in BELOW_CAPTURE
+                 for mod, names in _imports(name, MODULES[name], type_checking=True)
+                 if mod == "remat.backends.registry" or (mod == "remat.backends" and "registry" in names)]
+    assert not offenders, "; ".join(offenders)
 
 
 def test_reports_read_plan_data_not_plan():

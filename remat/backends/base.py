@@ -29,6 +29,10 @@ class Backend(ABC):
     """One way of running the partitioned forward and backward."""
 
     name: str
+    nested_plans: bool = False
+    """Whether the planner may offer nested checkpoint plans (``remat.planning.nesting``): the
+    backend runs a recomputed copy apart from its original (Inductor's scheduler may fuse or
+    reorder the two)."""
 
     @abstractmethod
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
@@ -50,8 +54,8 @@ class Backend(ABC):
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
         """Forward values of the joint graph (``nodes``) this backend runs faster saved than
-        recomputed, each with its reason, a cost rule (``planner.COST_RULES``: a budget may
-        override it). ``{}``: none."""
+        recomputed, each with its reason, a cost rule (``remat.planning.decisions.Kind.COST``: a
+        budget may override it). ``{}``: none."""
         return {}
 
     def __repr__(self) -> str:

@@ -164,6 +164,7 @@ def unread_output_bytes(node: fx.Node) -> int:
 
 class EagerBackend(Backend):
     name = "eager"
+    nested_plans = True
 
     def schedule_fields(self, gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
         """The scratch library kernels (convolution, attention) hold while they run, and an op's
