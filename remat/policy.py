@@ -118,6 +118,9 @@ class Rule:
     modules: tuple[str, ...] = ()
     predicate: Predicate | None = None
     description: str = ""
+    cost: bool = False
+    """A built-in rule that forbids recompute because it is slow, not because it is unsafe: under
+    a budget it gives way to the estimated recompute cost."""
 
     def apply(self, op: OpInfo) -> Decision | None:
         if self.predicate is not None:
@@ -244,9 +247,9 @@ def recompute(
 # torch.compile saves the logits and two row statistics.
 
 
-def _builtin(name: str, decision: Decision, predicate: Predicate, description: str) -> Rule:
+def _builtin(name: str, decision: Decision, predicate: Predicate, description: str, cost: bool = False) -> Rule:
     return Rule(name=name, decision=decision, predicate=lambda op: decision if predicate(op) else None,
-                description=description)
+                description=description, cost=cost)
 
 
 BUILTIN_RULES: tuple[Rule, ...] = (
@@ -261,14 +264,14 @@ BUILTIN_RULES: tuple[Rule, ...] = (
     _builtin("data-dependent", MUST_SAVE, lambda op: op.forward and op.is_data_dependent,
              "outputs that depend on data values (indices, sizes) are saved"),
     _builtin("matmul", MUST_SAVE, lambda op: op.forward and op.is_matmul,
-             "matmuls and convolutions are compute-bound: recomputing costs real time"),
+             "matmuls and convolutions are compute-bound: recomputing costs real time", cost=True),
     _builtin("attention", MUST_SAVE, lambda op: op.forward and op.is_attention,
-             "attention kernels are compute-bound: recomputing costs real time"),
+             "attention kernels are compute-bound: recomputing costs real time", cost=True),
     _builtin("reduction", MUST_SAVE, lambda op: op.forward and op.reduction_ratio >= 4,
-             "a reduction's output is small and it cannot be fused into its consumers"),
+             "a reduction's output is small and it cannot be fused into its consumers", cost=True),
     _builtin("normalization boundary", MUST_SAVE,
              lambda op: op.forward and op.is_normalization_boundary,
-             "keeps recompute within one layer (see Note [Normalization boundary])"),
+             "keeps recompute within one layer (see Note [Normalization boundary])", cost=True),
 )
 
 UNSAFE_RULES = frozenset({"random op", "side effect", "collective", "data-dependent"})
@@ -336,9 +339,10 @@ def _apply_user_rule(rule: Rule, op: OpInfo) -> Decision | None:
         ) from e
 
 
-def decide(op: OpInfo, policy: Policy, used: set[str]) -> tuple[Decision | None, str]:
-    """The decision for one op and its reason (a rule name). Adds matching user rule names to
-    ``used`` (rules that match nothing get a warning from the caller)."""
+def decide(op: OpInfo, policy: Policy, used: set[str]) -> tuple[Decision | None, Rule | None]:
+    """The decision for one op and the rule that made it (a user rule first, else a built-in
+    one; ``(None, None)``: no rule applies). Adds matching user rule names to ``used`` (rules
+    that match nothing get a warning from the caller)."""
     hits = [(r, d) for r in policy if (d := _apply_user_rule(r, op)) is not None]
     for r, _ in hits:
         used.add(r.name)
@@ -360,9 +364,9 @@ def decide(op: OpInfo, policy: Policy, used: set[str]) -> tuple[Decision | None,
                 f"which is a {unsafe}; recomputing it would give wrong results. "
                 "Exclude this op from the rule's patterns."
             )
-        return decision, f"user rule `{rule.name}`"
+        return decision, rule
     for r in BUILTIN_RULES:
         d = r.apply(op)
         if d is not None:
-            return d, r.name
-    return None, ""
+            return d, r
+    return None, None

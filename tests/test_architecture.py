@@ -6,8 +6,11 @@
   chain such as ``torch._dynamo.reset``);
 * the pure core (every module of ``remat/core/``, and Inductor's pure models ``backends/inductor/facts``,
   ``backends/inductor/fusion/`` and ``backends/inductor/kernel_model``) imports no torch at all;
-* no import cycle inside ``remat/``, lazy imports inside functions included (imports under
-  ``if TYPE_CHECKING:`` are for annotations only and are left out).
+* no import cycle inside ``remat/``, lazy imports inside functions and imports under
+  ``if TYPE_CHECKING:`` included (an annotation's import is a dependency too);
+* below capture (planning, analysis, the core, the partition) nothing resolves a backend by
+  name: the backend is handed down (``remat.backends.registry`` is capture's);
+* the renderers (``remat.report``) read a plan's data (``remat.plan_data``), never ``remat.plan``.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
-def _imports(name: str, tree: ast.AST) -> list[tuple[str, tuple[str, ...]]]:
-    """(imported module, names imported from it) for every runtime import of module ``name``."""
-    skip = _type_checking_nodes(tree)
+def _imports(name: str, tree: ast.AST, type_checking: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+    """(imported module, names imported from it) for every runtime import of module ``name``;
+    with ``type_checking``, the imports under ``if TYPE_CHECKING:`` too."""
+    skip = set() if type_checking else _type_checking_nodes(tree)
     package = name if _is_package(name) else name.rsplit(".", 1)[0]
     out = []
     for node in ast.walk(tree):
@@ -140,7 +144,7 @@ def _graph() -> nx.DiGraph:
     g = nx.DiGraph()
     for name, tree in MODULES.items():
         g.add_node(name)
-        for mod, names in _imports(name, tree):
+        for mod, names in _imports(name, tree, type_checking=True):
             if not mod.startswith("remat"):
                 continue
             targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in MODULES] or [mod]
@@ -151,6 +155,8 @@ def _graph() -> nx.DiGraph:
 
 
 def test_no_import_cycles():
+    """Counting the imports under ``if TYPE_CHECKING:``: a module whose annotations name another's
+    types depends on it as much as one that calls it."""
     g = _graph()
     # The package's __init__ files re-export their modules; an edge from a module to its own
     # package's __init__ would be the only way back, and none exists.
@@ -164,11 +170,35 @@ def test_the_cycle_check_can_fail():
     assert list(nx.simple_cycles(g))
 
 
+def test_the_cycle_check_counts_type_checking_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..plan import Plan\n")
+    assert _imports("remat.report.why", tree) == [("typing", ("TYPE_CHECKING",))]
+    assert ("remat.plan", ("Plan",)) in _imports("remat.report.why", tree, type_checking=True)
+
+
+BELOW_CAPTURE = [n for n in MODULES if n.split(".")[1:2] in (["planning"], ["analysis"], ["core"])] + [
+    "remat.capture.partition"]
+
+
 def test_planner_and_simulator_reach_inductor_only_through_the_backend_interface():
     """Planning, analysis, the core and the partition never import ``remat.backends.inductor``: the
     backend (``remat.backends.base.Backend``) is their only way to Inductor's knowledge."""
-    stages = (["planning"], ["analysis"], ["core"])
-    below = [n for n in MODULES if n.split(".")[1:2] in stages] + ["remat.capture.partition"]
-    for name in below:
+    for name in BELOW_CAPTURE:
         mods = [m for m, _ in _imports(name, MODULES[name])]
         assert not [m for m in mods if m.startswith(INDUCTOR_PACKAGE)], (name, mods)
+
+
+def test_nothing_below_capture_resolves_a_backend_by_name():
+    """Capture resolves the backends once (``RematBackend``) and hands them down."""
+    offenders = [f"{name} imports {mod} {names}" for name in BELOW_CAPTURE
+                 for mod, names in _imports(name, MODULES[name], type_checking=True)
+                 if mod == "remat.backends.registry" or (mod == "remat.backends" and "registry" in names)]
+    assert not offenders, "; ".join(offenders)
+
+
+def test_reports_read_plan_data_not_plan():
+    """``remat.plan`` imports ``remat.report`` (its methods delegate there); the renderers read
+    ``remat.plan_data``, so the two never import each other."""
+    offenders = [f"{name} imports {mod}" for name in MODULES if name.startswith("remat.report")
+                 for mod, _ in _imports(name, MODULES[name], type_checking=True) if mod == "remat.plan"]
+    assert not offenders, "; ".join(offenders)

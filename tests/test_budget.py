@@ -15,7 +15,8 @@ from remat.budget import parse_budget
 from remat.core.frontier import best_within_bytes, hull
 from remat.core.solver import ConflictError, Problem
 from remat.plan import Plan, SavedTensor
-from remat.planning.planner import Candidate, choose
+from remat.planning.candidates import Candidate
+from remat.planning.choice import Attempt, choose
 
 # --- the frontier against an ILP oracle ------------------------------------------------------
 
@@ -225,7 +226,8 @@ def test_a_budget_the_default_plan_fits_gives_the_default_plan():
     assert choose(cands, 100, 200) is default
     assert choose([default, bigger_faster], 10**9, 200) is default
     assert choose(cands, 99, 200) is smaller_faster  # below the default's peak: the fastest that fits
-    assert choose(cands, 99, 200, last=True) is smaller_slower  # the last compile: the smallest that fits
+    last = Attempt(last=True)  # the budget's last compile: the smallest that fits
+    assert choose(cands, 99, 200, attempt=last) is smaller_slower
     assert choose(cands, 89, 200) is smaller_slower
     with pytest.raises(remat.InfeasibleBudgetError, match="smallest predicted peak for this graph is 50 B"):
         choose(cands, 49, 200)
@@ -296,3 +298,34 @@ def test_deep_workloads_fit_every_budget_and_match_measured(name, fraction):
     (plan,) = remat.compiled_plans(rm)
     assert plan.predicted_peak_bytes <= plan.budget_bytes == int(fraction * plan.eager_peak_bytes)
     assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured, (plan.predicted_peak_bytes, measured)
+
+
+def test_a_budget_relaxes_the_cost_rules_only():
+    # The kind of a reason, not its text, says what a budget may relax: the built-in cost rules
+    # and what a backend keeps saved (Backend.keep_saved), never inputs, unsafe ops or user rules.
+    from remat.planning.decisions import GRAPH_INPUT, Decisions, Kind, Reason
+    from remat.policy import BUILTIN_RULES
+
+    by_name = {r.name: r for r in BUILTIN_RULES}
+    assert {r.name for r in BUILTIN_RULES if Reason.of_rule(r, user=False).kind is Kind.COST} == {
+        "matmul", "attention", "reduction", "normalization boundary"}
+    reasons = {0: GRAPH_INPUT, 1: Reason.of_rule(by_name["matmul"], user=False), 2: Reason("index source", Kind.COST),
+               3: Reason.of_rule(by_name["random op"], user=False), 4: Reason.of_rule(by_name["matmul"], user=True)}
+    decided = Decisions(dict(reasons), {}, dict(reasons))
+    relaxed = decided.relaxed()
+    assert sorted(relaxed.no_recompute) == [0, 3, 4]
+    assert relaxed.reasons == decided.reasons  # what plans print stays
+    assert [str(reasons[k]) for k in (1, 4)] == ["matmul", "user rule `matmul`"]
+    assert relaxed.saved_reason(3) == "random op" and relaxed.saved_reason(1) == "min-cut boundary"
+
+
+def test_dominance_has_one_definition():
+    from remat.plan_data import Tradeoff
+    from remat.planning.candidates import non_dominated
+
+    a, b, c = Tradeoff(100, 1.0), Tradeoff(100, 2.0), Tradeoff(100, 1.0)
+    assert a.dominates(b) and not b.dominates(a) and a.no_worse(c) and not a.dominates(c)
+    plans = [_plan(100, 2.0, "d"), _plan(150, 0.5, "b"), _plan(90, 1.0, "s"), _plan(90, 1.0, "s2"), _plan(95, 3.0, "x")]
+    kept = non_dominated(plans)
+    assert [p.saved[0].name for p in kept] == ["b", "s"]  # of the equal pair, the first
+    assert not any(q.tradeoff.dominates(p.tradeoff) for p in kept for q in plans)

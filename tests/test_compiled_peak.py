@@ -109,7 +109,8 @@ def test_choose_takes_read_peaks_over_predictions():
     # The budget's re-plan: a candidate whose compiled peak was read over the budget gives way
     # to the next one, though its prediction fits.
     from remat.plan import SavedTensor
-    from remat.planning.planner import Candidate, choose, plan_key
+    from remat.planning.candidates import Candidate
+    from remat.planning.choice import Attempt, choose
 
     def candidate(name, peak, seconds):
         plan = Plan(saved=(SavedTensor(name, "aten.mul.Tensor", nbytes=1),), recomputed=(),
@@ -118,9 +119,9 @@ def test_choose_takes_read_peaks_over_predictions():
 
     a, b, c = candidate("a", 100, 0.0), candidate("b", 80, 1.0), candidate("c", 60, 2.0)
     assert choose([a, b, c], 90, 200) is b
-    assert choose([a, b, c], 90, 200, known={plan_key(b.plan): 95}) is c
+    assert choose([a, b, c], 90, 200, attempt=Attempt({b.plan.key: 95})) is c
     with pytest.raises(remat.InfeasibleBudgetError, match="95 B"):
-        choose([b], 90, 200, known={plan_key(b.plan): 95})
+        choose([b], 90, 200, attempt=Attempt({b.plan.key: 95}))
 
 
 # --- against the CPU profiler --------------------------------------------------------------
@@ -198,6 +199,7 @@ def test_a_budget_no_compiled_plan_keeps_raises_after_the_last_compile(monkeypat
     # takes the smallest candidate, and when it misses too the budget is refused, never kept
     # silently over.
     from remat.capture import dynamo_backend as capture
+    from remat.planning import choice
 
     real = capture.RematBackend._apply_readings
 
@@ -207,10 +209,42 @@ def test_a_budget_no_compiled_plan_keeps_raises_after_the_last_compile(monkeypat
                       if p.compiled_peak_bytes else p for p in self.plans]
 
     monkeypatch.setattr(capture.RematBackend, "_apply_readings", inflated)
-    monkeypatch.setattr(capture, "MAX_COMPILES", 2)
+    monkeypatch.setattr(choice, "MAX_COMPILES", 2)
     model, loss = small_models.llama()
     rb = remat.checkpoint(copy.deepcopy(model), budget=0.9)
     miss = r"a plan predicted at .* compiled to .*, over the budget"
     want = rf"^remat: no plan of this graph compiled under its budget .* in 2 compiles \({miss}; {miss}\).*Raise"
     with pytest.raises(remat.InfeasibleBudgetError, match=want):
         loss(rb).backward()
+
+
+def test_the_re_plan_loop_compiles_until_the_read_peak_fits(monkeypatch):
+    # Note [Budget re-plan], without compiling: each compile's plan is read over or under its budget.
+    from remat.plan import SavedTensor
+    from remat.planning import choice
+
+    def plan(name, read):
+        return Plan(saved=(SavedTensor(name, "aten.mul.Tensor", nbytes=1),), recomputed=(), budget_bytes=100,
+                    simulated_peak_bytes=90).with_compiled_peak(read)
+
+    attempts = []
+
+    def compile_once(reads):
+        def once(attempt):
+            attempts.append(attempt)
+            return plan(f"p{attempt.compiles}", reads[attempt.compiles])
+        return once
+
+    assert choice.compile_within_budget(compile_once([80])) is None and len(attempts) == 1
+    attempts.clear()
+    note = choice.compile_within_budget(compile_once([120, 90]))
+    assert note == "budget re-plan (2 compiles): a plan predicted at 90 B compiled to 120 B, over the budget"
+    assert attempts[1].known_peaks == {plan("p0", 120).key: 120} and not attempts[1].last
+    monkeypatch.setattr(choice, "MAX_COMPILES", 2)
+    attempts.clear()
+    with pytest.raises(remat.InfeasibleBudgetError, match=r"^remat: no plan of this graph compiled under its budget "
+                       r"of 100 B in 2 compiles \(.*\): their compiled peaks exceed their predictions. Raise the "
+                       r"budget to at least 110 B, or use remat.pareto"):
+        choice.compile_within_budget(compile_once([120, 110]))
+    assert attempts[1].last
+    assert choice.compile_within_budget(lambda attempt: None) is None  # nothing to judge: one compile

@@ -27,9 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import remat
+from remat.backends.registry import backend_for
 from remat.capture.partition import make_partition_fn
 from remat.core.solver import ConflictError, Problem, brute_force, recompute_closure, solve
 from remat.options import Options
+
+EAGER = backend_for("eager")
+"""The backend the partition tests plan and lower with (and simulate eager autograd with)."""
 
 MODULE_CASES = 200
 C, L = 4, 6  # channels and length of the (batch, C, L) activations
@@ -266,7 +270,8 @@ def joint_graph():
 
     def grab(joint, joint_inputs, **kwargs):
         captured.update(gm=copy.deepcopy(joint), inputs=joint_inputs, kwargs=kwargs)
-        return make_partition_fn(Options(backend="eager"), lambda plan, frontier: None)(joint, joint_inputs, **kwargs)
+        partition = make_partition_fn(Options(backend="eager"), lambda plan, frontier: None, EAGER, EAGER)
+        return partition(joint, joint_inputs, **kwargs)
 
     from remat import compat
     from remat.backends.eager.backend import decompositions as eager_decompositions
@@ -329,7 +334,7 @@ def policies(draw):
 def test_fuzz_random_policies_give_plan_or_remat_error(joint_graph, policy):
     plans = []
     partition = make_partition_fn(Options(backend="eager", policy=policy, strict=True),
-                                  lambda plan, frontier: plans.append(plan))
+                                  lambda plan, frontier: plans.append(plan), EAGER, EAGER)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "rule matched no op"
         warnings.simplefilter("ignore", FutureWarning)  # deep-copying a graph module, torch 2.13

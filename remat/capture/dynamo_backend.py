@@ -18,11 +18,10 @@ import torch.fx as fx
 from .. import compat, distributed
 from ..analysis.provenance import clean_module_paths
 from ..backends.registry import backend_for
-from ..errors import InfeasibleBudgetError
 from ..logs import planning, warn_at_user
 from ..options import Options
 from ..plan import Plan, format_bytes
-from ..planning.planner import plan_key
+from ..planning.choice import Attempt, compile_within_budget
 from . import buckets
 from .partition import make_partition_fn
 
@@ -78,6 +77,10 @@ class RematBackend:
     def __init__(self, options: Options, *, explain_only: bool = False, want_frontier: bool = False,
                  keep_joints: bool = False):
         self.options = options
+        self.backend = backend_for(options.backend)
+        """The backend that plans and lowers every graph."""
+        self.reference = backend_for("eager")
+        """The uncompiled backend eager autograd's baseline is simulated with (op by op)."""
         self.explain_only = explain_only
         self.want_frontier = want_frontier
         self.plans: list[Plan] = []
@@ -172,10 +175,9 @@ class RematBackend:
         return buckets.whole_plan_values(whole.joints[0], {s.name for s in plan.saved}, set(plan.recomputed), gm)
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        """Plan and compile one graph with this backend's options."""
-        backend = backend_for(self.options.backend)  # one backend plans and lowers this graph
+        """Plan and compile one graph with this backend's options; under a budget, again while
+        the compiled step misses it (``remat.planning.choice.compile_within_budget``)."""
         k = len(self.plans)  # the index this graph's plan gets
-
         if self._break is not None:
             self._hands_over.add(k)
 
@@ -184,42 +186,33 @@ class RematBackend:
             self._apply_readings()
 
         budgeted = self.options.budget is not None and not self.explain_only
-        pristine = _copy(gm) if budgeted else None
-        known: dict[tuple[str, ...], int] = {}
-        missed: list[str] = []
-        while True:  # Note [Budget re-plan]
-            last = len(known) + 1 >= MAX_COMPILES
-            partition = _watched(make_partition_fn(self.options, self._sink, self.want_frontier, backend,
-                                                    ends_at_break=self._break is not None,
-                                                    known_peaks=dict(known), last_compile=last), self)
+        pristine = _copy(gm) if budgeted else None  # to compile again from: Inductor changes gm
+        compiled = None
+
+        def compile_once(attempt: Attempt) -> Plan | None:
+            nonlocal gm, pristine, compiled
+            if attempt.compiles:  # the last compile missed the budget: its plan goes
+                del self.plans[k:], self.frontiers[k:]
+                self.readings.pop(k, None)
+                gm, pristine = pristine, _copy(pristine)
+            partition = _watched(make_partition_fn(self.options, self._sink, self.backend, self.reference,
+                                                    self.want_frontier, ends_at_break=self._break is not None,
+                                                    attempt=attempt), self)
             with compat.backward_compiled_now() if budgeted else contextlib.nullcontext():
-                compiled = self._lower(backend, gm, example_inputs, partition, read_peak)
-            plan = self.plans[k] if k < len(self.plans) else None
-            if (pristine is None or plan is None or not plan.compiled_peak_bytes or plan.budget_bytes is None
-                    or plan.compiled_peak_bytes <= plan.budget_bytes):
-                break
-            missed.append(f"a plan predicted at {format_bytes(plan.simulated_peak_bytes)} compiled to "
-                          f"{format_bytes(plan.compiled_peak_bytes)}, over the budget")
-            if last:
-                raise InfeasibleBudgetError(
-                    f"remat: no plan of this graph compiled under its budget of {format_bytes(plan.budget_bytes)} "
-                    f"in {MAX_COMPILES} compiles ({'; '.join(missed)}): their compiled peaks exceed their "
-                    "predictions. Raise the budget to at least "
-                    f"{format_bytes(min(plan.compiled_peak_bytes, *known.values()))}, or use "
-                    "remat.pareto(model, *inputs) to see every trade-off.")
-            known[plan_key(plan)] = plan.compiled_peak_bytes
-            del self.plans[k:], self.frontiers[k:]
-            self.readings.pop(k, None)
-            gm, pristine = pristine, _copy(pristine)
-        if missed and k < len(self.plans):
-            note = f"budget re-plan ({len(known) + 1} compiles): " + "; ".join(missed)
+                compiled = self._lower(gm, example_inputs, partition, read_peak)
+            if pristine is None:  # no budget, or no copy to compile again from: nothing to judge
+                return None
+            return self.plans[k] if k < len(self.plans) else None
+
+        note = compile_within_budget(compile_once)
+        if note is not None and k < len(self.plans):
             self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, note))
         return compiled
 
-    def _lower(self, backend: Any, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
+    def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                read_peak: Callable[[Any], None]) -> Any:
         try:
-            return backend.compile(gm, example_inputs, partition, read_peak)
+            return self.backend.compile(gm, example_inputs, partition, read_peak)
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned
@@ -229,30 +222,6 @@ class RematBackend:
                     return gm.forward
                 cause = cause.__cause__
             raise
-
-
-MAX_COMPILES = 4
-"""At most this many compiles of one graph under a budget (Note [Budget re-plan])."""
-
-# Note [Budget re-plan]
-# Under a budget, the planner takes the default plan when its *predicted* peak fits, else the
-# fastest candidate whose predicted peak fits (``planner.choose``). With a backend that reads the
-# compiled step's peak (Inductor: ``remat.core.allocations``), the backward is compiled with the forward,
-# and if the peak read from the compiled graphs misses the budget, the graph is planned again with
-# that candidate's read peak in place of its prediction (``planner.choose(known=...)``), and
-# compiled again: each miss costs one more compile of the graph (forward and backward), at most
-# ``MAX_COMPILES`` in all. The last compile takes the fitting candidate of the smallest predicted
-# peak (``choose(last=True)``), and if that misses too, ``InfeasibleBudgetError`` names the peaks
-# read: a budget remat accepts is one its compiled step was read to keep.
-#
-# A plan kept over its budget would be a budget accepted and not kept. Before the last compile
-# raised, HF GPT-2 at budget 0.75 on the H200 kept, after four compiles, a plan read at 5.31 GiB
-# against its first graph's budget of 4.86 GiB, 1.2 GiB above the default plan's measured peak
-# (benchmarks/real-models-h200-s8-gpt2-budgets.json). Its first compile was the default plan,
-# read at 5.30 GiB because Dynamo breaks GPT-2 before the loss and the loss graph was not compiled
-# yet, so the caller was taken to hold the first graph's outputs (the logits) through the
-# backward; a graph ended at a break hands them to the next graph (``_hands_over``), and read so
-# that plan's peak is 4.15 GiB, under the budget.
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule | None:

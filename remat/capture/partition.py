@@ -1,7 +1,8 @@
 """Split a joint forward+backward graph into a forward and a backward module per a plan.
 
-``make_partition_fn(options, sink)`` returns the function AOTAutograd calls with the joint
-graph. It asks the planner for the graph's plan (``remat.planning.planner.plan_joint_graph``), splits the
+``make_partition_fn(options, sink, backend, reference)`` returns the function AOTAutograd calls
+with the joint graph. It asks the planner for the graph's plan
+(``remat.planning.planner.plan_joint_graph``, with the backends capture resolved), splits the
 graph into a forward that returns the saved values and a backward that recomputes the rest,
 places each recomputed op just before its first use in the backward, lets the backend annotate
 the two modules, and hands the ``Plan`` to ``sink``. If planning fails unexpectedly, the graph
@@ -19,11 +20,11 @@ import torch.fx as fx
 
 from .. import compat
 from ..backends.base import Backend
-from ..backends.registry import backend_for
 from ..core.peak import lazy_order
 from ..errors import RematError
 from ..options import Options
 from ..plan import Plan, Role
+from ..planning.choice import FIRST, Attempt
 from ..planning.planner import plan_joint_graph
 
 __all__ = ["make_partition_fn", "place_recompute"]
@@ -52,26 +53,22 @@ def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
 
 
 def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] | None], None],
-                      want_frontier: bool = False, backend: Backend | None = None,
-                      ends_at_break: bool = False,
-                      known_peaks: dict[tuple[str, ...], int] | None = None,
-                      last_compile: bool = False) -> Callable[..., Any]:
+                      backend: Backend, reference: Backend, want_frontier: bool = False,
+                      ends_at_break: bool = False, attempt: Attempt = FIRST) -> Callable[..., Any]:
     """The partition function for AOTAutograd (and Inductor's partitioner hook). ``sink``
     receives each graph's plan and, with a budget or ``want_frontier``, its frontier. ``backend``
-    is the one that lowers the graph (by default ``options.backend``'s); it plans it too.
-    ``ends_at_break``: Dynamo ended this graph at a graph break, so its outputs go to the code
-    that resumes after it, not to the caller (``remat.analysis.joint_graph.analyze``). ``known_peaks``: peaks
-    read from earlier compiles of this graph; ``last_compile``: the budget's last compile of it
-    (``remat.planning.planner.choose``'s ``known`` and ``last``)."""
-    backend = backend or backend_for(options.backend)
+    is the one that lowers the graph; it plans it too. ``reference``: the uncompiled backend
+    eager autograd's baseline is simulated with. ``ends_at_break``: Dynamo ended this graph at a
+    graph break, so its outputs go to the code that resumes after it, not to the caller
+    (``remat.analysis.joint_graph.analyze``). ``attempt``: the budget's compile of this graph
+    (``remat.planning.choice``)."""
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
         try:
             planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier, backend,
-                                       ends_at_break=ends_at_break, known_peaks=known_peaks,
-                                       last_compile=last_compile)
+                                       reference=reference, ends_at_break=ends_at_break, attempt=attempt)
             jg, saved_ids, plan, frontier = planned.jg, planned.saved_ids, planned.plan, planned.frontier
             joint = planned.gm or joint  # a nested plan splits the graph with its copies (remat.planning.nesting)
             values = [jg.nodes[i] for i in saved_ids]

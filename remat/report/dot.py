@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import TYPE_CHECKING
 
 from ..errors import RematError
+from ..plan_data import PlanData, PlanNode, Role
 from ..units import format_bytes
-
-if TYPE_CHECKING:
-    from ..plan import Plan, PlanNode
 
 __all__ = ["to_dot", "render_svg", "have_dot", "FORWARD", "BACKWARD"]
 
@@ -50,11 +47,11 @@ def _label(n: PlanNode) -> str:
     return "\\n".join(s.replace("\\", "\\\\").replace('"', '\\"') for s in lines)
 
 
-def _drawn(plan: Plan, parameters: bool) -> list[PlanNode]:
-    return [n for n in plan.nodes if parameters or n.op != "parameter"]
+def _drawn(plan: PlanData, parameters: bool) -> list[PlanNode]:
+    return [n for n in plan.nodes if parameters or n.role is not Role.PARAMETER]
 
 
-def to_dot(plan: Plan, *, parameters: bool = False) -> str:
+def to_dot(plan: PlanData, *, parameters: bool = False) -> str:
     """DOT text of the joint graph (see the module docstring)."""
     nodes = _drawn(plan, parameters)
     names = {n.name for n in nodes}

@@ -10,16 +10,14 @@ import base64
 import os
 import tempfile
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..plan_data import PlanData, Role
 from ..units import format_bytes
 from .dot import have_dot, render_svg, to_dot
 from .summary import module_rows
 from .svg import draw_svg
 from .totals import format_flops, totals
-
-if TYPE_CHECKING:
-    from ..plan import Plan
 
 __all__ = ["to_html", "render_html"]
 
@@ -43,7 +41,7 @@ def _td(v: Any, num: bool = False) -> str:
     return f'<td class="num">{escape(str(v))}</td>' if num else f"<td>{escape(str(v))}</td>"
 
 
-def _totals_table(plan: Plan) -> str:
+def _totals_table(plan: PlanData) -> str:
     t = totals(plan)
     everything = "unknown" if t.activation_bytes is None else format_bytes(t.activation_bytes)
     rows = [
@@ -58,7 +56,7 @@ def _totals_table(plan: Plan) -> str:
     return '<table class="totals">' + "".join(f"<tr>{_td(k)}{_td(v)}</tr>" for k, v in rows) + "</table>"
 
 
-def _summary_table(plan: Plan) -> str:
+def _summary_table(plan: PlanData) -> str:
     head = "<tr><th>module</th><th>saved</th><th>saved bytes</th><th>recomputed</th><th>why saved</th></tr>"
     rows = []
     for r in module_rows(plan):
@@ -72,12 +70,12 @@ def _summary_table(plan: Plan) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def _saved_table(plan: Plan) -> str:
+def _saved_table(plan: PlanData) -> str:
     cols = ("name", "module", "op", "shape", "dtype", "bytes", "reason", "source")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     rows = []
     for s in plan.saved:
-        if s.op == "parameter":
+        if s.role is Role.PARAMETER:
             continue
         rows.append("<tr>" + "".join([
             _td(s.name), _td(s.module or "-"), _td(s.op), _td("x".join(map(str, s.shape)) or "-"),
@@ -94,7 +92,7 @@ def _frontier_img(frontier: Any) -> str:
     return f'<img alt="memory/time frontier" src="data:image/png;base64,{data}">'
 
 
-def render_html(plan: Plan, *, title: str = "remat plan", frontier: Any = None,
+def render_html(plan: PlanData, *, title: str = "remat plan", frontier: Any = None,
                 graphviz: bool | None = None) -> str:
     """The HTML text. ``graphviz=None`` embeds Graphviz's drawing when ``dot`` is installed and
     the graph has at most ``GRAPHVIZ_MAX_NODES`` nodes."""
@@ -116,7 +114,7 @@ def render_html(plan: Plan, *, title: str = "remat plan", frontier: Any = None,
               '<p class="note">Forward on top (left to right), backward below (right to left). Hover a node '
               "for its name, op, status and reason.</p>",
               f'<div class="graph">{draw_svg(plan)}</div>']
-    drawn = sum(n.op != "parameter" for n in plan.nodes)
+    drawn = sum(n.role is not Role.PARAMETER for n in plan.nodes)
     if graphviz is None:
         graphviz = have_dot() and 0 < drawn <= GRAPHVIZ_MAX_NODES
     if graphviz:
@@ -131,7 +129,7 @@ def render_html(plan: Plan, *, title: str = "remat plan", frontier: Any = None,
     return "\n".join(parts) + "\n"
 
 
-def to_html(plan: Plan, path: str | os.PathLike[str], **kwargs: Any) -> str:
+def to_html(plan: PlanData, path: str | os.PathLike[str], **kwargs: Any) -> str:
     """Write the report to ``path``; returns the path written."""
     text = render_html(plan, **kwargs)
     with open(path, "w", encoding="utf-8") as f:

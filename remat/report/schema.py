@@ -44,7 +44,7 @@ from .summary import module_rows
 from .totals import totals
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..plan_data import PlanData
 
 __all__ = ["VERSION", "SCHEMA", "to_dict", "to_json"]
 
@@ -92,7 +92,7 @@ SCHEMA["properties"]["nodes"] = {"type": "array", "items": _obj({
     "bytes": _INT, "module": _STR, "source": _STR})}
 
 
-def to_dict(plan: Plan, *, nodes: bool = True) -> dict[str, Any]:
+def to_dict(plan: PlanData, *, nodes: bool = True) -> dict[str, Any]:
     """The plan as plain data (see the module docstring for the schema)."""
     by_name = {n.name: n for n in plan.nodes}
     recomputed = []
@@ -123,7 +123,7 @@ def to_dict(plan: Plan, *, nodes: bool = True) -> dict[str, Any]:
     return out
 
 
-def to_json(plan: Plan, path: str | None = None, *, nodes: bool = True, indent: int | None = 2) -> str:
+def to_json(plan: PlanData, path: str | None = None, *, nodes: bool = True, indent: int | None = 2) -> str:
     """The plan as JSON text; also written to ``path`` when given."""
     text = json.dumps(to_dict(plan, nodes=nodes), indent=indent)
     if path is not None:

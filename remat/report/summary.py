@@ -16,13 +16,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from ..plan_data import PlanData, Role
 from ..units import format_bytes
 from .totals import totals
-
-if TYPE_CHECKING:
-    from ..plan import Plan
 
 __all__ = ["ModuleRow", "module_rows", "render"]
 
@@ -63,13 +60,13 @@ def _sorted(c: Counter) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _per_module(plan: Plan) -> dict[str, _Stats]:
+def _per_module(plan: PlanData) -> dict[str, _Stats]:
     """Stats per module path, in graph order of each module's first node."""
     order = {n.module: i for i, n in reversed(list(enumerate(plan.nodes)))}
     module_of = {n.name: n.module for n in plan.nodes}
     saved: dict[str, list] = {}
     for s in plan.saved:
-        if s.op != "parameter":
+        if s.role is not Role.PARAMETER:
             saved.setdefault(s.module, []).append(s)
     rec = Counter(module_of.get(r, "") for r in plan.recomputed)
     mods = sorted(set(saved) | set(rec), key=lambda m: (order.get(m, len(order)), m))
@@ -93,7 +90,7 @@ def _join(prefix: str, rest: str) -> str:
     return f"{prefix}.{rest}" if prefix else rest
 
 
-def module_rows(plan: Plan) -> list[ModuleRow]:
+def module_rows(plan: PlanData) -> list[ModuleRow]:
     """The summary rows of ``plan`` (see the module docstring)."""
     per = _per_module(plan)
     blocks: dict[tuple[str, int], dict[str, _Stats]] = {}
@@ -156,7 +153,7 @@ def _reasons(reasons: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(r if c == 1 else f"{r} x{c}" for r, c in reasons) or "-"
 
 
-def render(plan: Plan) -> str:
+def render(plan: PlanData) -> str:
     """The text of ``plan.summary()``."""
     t = totals(plan)
     head = [f"remat plan summary: {t.saved_tensors} saved tensors in {plan.graphs} "

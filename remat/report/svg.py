@@ -12,13 +12,10 @@ shape and bytes.
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
 
+from ..plan_data import PlanData, PlanNode, Role
 from ..units import format_bytes
 from .dot import BACKWARD, FORWARD
-
-if TYPE_CHECKING:
-    from ..plan import Plan, PlanNode
 
 __all__ = ["draw_svg", "layout", "COLORS"]
 
@@ -70,9 +67,9 @@ def _columns(nodes: list[PlanNode]) -> dict[str, int]:
     return col
 
 
-def layout(plan: Plan) -> dict[str, tuple[float, float]]:
+def layout(plan: PlanData) -> dict[str, tuple[float, float]]:
     """Centre ``(x, y)`` of every drawn node (parameters are not drawn)."""
-    nodes = [n for n in plan.nodes if n.op != "parameter"]
+    nodes = [n for n in plan.nodes if n.role is not Role.PARAMETER]
     col = _columns(nodes)
     rows: dict[tuple[bool, int], int] = {}
     placed: dict[str, tuple[bool, int, int]] = {}
@@ -117,9 +114,9 @@ def _legend() -> list[str]:
     return out
 
 
-def draw_svg(plan: Plan) -> str:
+def draw_svg(plan: PlanData) -> str:
     """The SVG text (an ``<svg>`` element, no XML prolog) of the plan's joint graph."""
-    nodes = [n for n in plan.nodes if n.op != "parameter"]
+    nodes = [n for n in plan.nodes if n.role is not Role.PARAMETER]
     if not nodes:
         return ('<svg xmlns="http://www.w3.org/2000/svg" width="420" height="40"><text x="10" y="24">'
                 'no graph to draw (a fallback plan has no nodes)</text></svg>')

@@ -13,12 +13,9 @@ Definitions (see Note [Bytes if everything were saved]):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from ..plan_data import PlanData, Role
 from ..units import format_bytes, format_scaled
-
-if TYPE_CHECKING:
-    from ..plan import Plan
 
 __all__ = ["Totals", "totals", "activation_bytes", "format_flops", "FORWARD_STATUSES"]
 
@@ -34,7 +31,7 @@ __all__ = ["Totals", "totals", "activation_bytes", "format_flops", "FORWARD_STAT
 FORWARD_STATUSES = ("saved", "recomputed", "forward")
 
 
-def activation_bytes(plan: Plan) -> int | None:
+def activation_bytes(plan: PlanData) -> int | None:
     """Bytes if everything were saved (see Note [Bytes if everything were saved])."""
     if not plan.nodes:
         return None
@@ -87,11 +84,11 @@ class Totals:
                 f"{self.recomputed_ops} ops recomputed, {format_flops(self.recompute_flops)} (estimated)")
 
 
-def totals(plan: Plan) -> Totals:
+def totals(plan: PlanData) -> Totals:
     """The totals of ``plan``."""
     return Totals(
-        saved_tensors=sum(s.op != "parameter" for s in plan.saved),
-        free_saved=sum(s.op == "parameter" for s in plan.saved),
+        saved_tensors=sum(s.role is not Role.PARAMETER for s in plan.saved),
+        free_saved=sum(s.role is Role.PARAMETER for s in plan.saved),
         saved_bytes=plan.saved_bytes,
         eager_saved_bytes=plan.eager_saved_bytes,
         activation_bytes=activation_bytes(plan),

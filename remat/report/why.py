@@ -9,14 +9,11 @@ node of that op in one line each.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING
 
 from ..errors import RematError
+from ..plan_data import PlanData, PlanNode, Role, SavedTensor
 from ..policy import BUILTIN_RULES
 from ..units import format_bytes
-
-if TYPE_CHECKING:
-    from ..plan import Plan, PlanNode, SavedTensor
 
 __all__ = ["why", "rule_description"]
 
@@ -52,7 +49,7 @@ def _rule(reason: str) -> str:
 
 
 class _Graph:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: PlanData):
         self.plan = plan
         self.by_name = {n.name: n for n in plan.nodes}
         self.users: dict[str, list[str]] = {n.name: [] for n in plan.nodes}
@@ -86,7 +83,7 @@ def _saved(g: _Graph, n: PlanNode, s: SavedTensor) -> str:
     bw = g.readers(n.name, ("backward", "backward-only"))
     uses = ([f"recomputes {_names(rec)} from it"] if rec else []) + ([f"reads it in {_names(bw)}"] if bw else [])
     tail = ("; the backward " + " and ".join(uses)) if uses else ""
-    if s.op == "parameter":
+    if s.role is Role.PARAMETER:
         return f"{_what(n)} is a parameter or buffer the backward reads: saved at no cost, it lives anyway{tail}."
     if s.reason == "min-cut boundary":
         return (f"{_what(n)} is saved by the min-cut (no rule forces it): it belongs to the cheapest set "
@@ -136,7 +133,7 @@ def _by_op(g: _Graph, op: str) -> list[PlanNode]:
     return [n for n in g.plan.nodes if n.op == op or n.op.rsplit(".", 1)[0] == op]
 
 
-def why(plan: Plan, name: str) -> str:
+def why(plan: PlanData, name: str) -> str:
     """Why ``name`` (a node name or an op) was saved, recomputed, or neither."""
     if not isinstance(name, str):
         raise RematError(f"remat: plan.explain expects a node name (str) such as 'mul_3', got "

@@ -1,0 +1,355 @@
+"""What a plan says, as plain frozen data: the values of a joint graph (``NodeFacts``,
+``SavedTensor``, ``PlanNode``), their ``Role`` and ``Status``, a plan's place on the
+memory/recompute trade-off (``Tradeoff``: the one definition of dominance) and the records
+``PlanData`` and ``FrontierData`` (the one definition of a plan's identity: ``PlanData.key``).
+
+Why this module and ``remat.plan`` are two: the renderers (``remat.report``) read a plan's fields,
+and the public ``remat.plan.Plan`` prints and exports itself through them. With both in one
+module, that module and ``remat.report`` would import each other (for annotations, at least).
+Here the data imports nothing of remat's but ``units``; ``remat.report`` imports only this
+module; ``remat.plan`` imports both and adds the methods that delegate to the renderers
+(``Plan(PlanData)``, ``Frontier(FrontierData)``): ``plan_data <- report <- plan``, no circle.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from .units import format_bytes
+
+__all__ = ["Role", "Status", "READ", "ValueInfo", "NodeFacts", "SavedTensor", "PlanNode", "Tradeoff", "PlanKey",
+           "PlanData", "FrontierData"]
+
+
+class _Name(str, Enum):
+    """A string enum whose members print, format, hash and compare as their value."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    __format__ = str.__format__
+
+
+class Role(_Name):
+    """What a value of the joint graph is, before any plan."""
+
+    INPUT = "input"
+    """A caller's input (``primals_*`` that is not a parameter)."""
+    PARAMETER = "parameter"
+    """A parameter or buffer: lives anyway, free to save."""
+    FORWARD = "forward"
+    """Computed by the forward (a forward output depends on it)."""
+    BACKWARD_ONLY = "backward-only"
+    """Computable from forward values, needed only by the backward."""
+
+
+class Status(_Name):
+    """What a plan does with a node of the joint graph (``PlanNode.status``)."""
+
+    SAVED = "saved"
+    RECOMPUTED = "recomputed"
+    """A forward op the backward computes again."""
+    FORWARD = "forward"
+    """Computed in the forward only."""
+    BACKWARD = "backward"
+    """Part of the backward."""
+    BACKWARD_ONLY = "backward-only"
+    """Computed from saved values for the backward, never in the forward."""
+    INPUT = "input"
+    PARAMETER = "parameter"
+    TANGENT = "tangent"
+
+
+READ = "read: Inductor's memory plan"
+"""``Plan.peak_model`` once the peak was read from the compiled graphs."""
+_READ_NOTE = "peak read from Inductor's memory plan"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueInfo:
+    """What every report says of one value of the joint graph: the fields ``NodeFacts``,
+    ``SavedTensor`` and ``PlanNode`` share (each adds its own, keyword-only)."""
+
+    name: str
+    """fx node name in the joint graph."""
+    op: str
+    """The op that produced it (``aten.mm.default``), ``getitem``, or a role such as ``input``."""
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    nbytes: int = 0
+    """Bytes of storage it keeps alive (0 for parameters and buffers, which live anyway)."""
+    module: str = ""
+    """Module path in the user's model, when known."""
+    source: str = ""
+    """``file:line`` of the user code that produced it, when known."""
+    role: Role = field(default=Role.FORWARD, kw_only=True)
+    """What the value is before any plan (a parameter: ``op`` prints ``parameter``, but the role
+    is what says so)."""
+
+    def info(self) -> ValueInfo:
+        """Just the shared fields."""
+        return ValueInfo(self.name, self.op, self.shape, self.dtype, self.nbytes, self.module, self.source,
+                         role=self.role)
+
+
+def _shared(v: ValueInfo) -> dict[str, Any]:
+    return {f: getattr(v, f) for f in ValueInfo.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts(ValueInfo):
+    """One value of the joint graph as graph analysis sees it (``remat.analysis.joint_graph``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor(ValueInfo):
+    """One value kept alive from the forward to the backward."""
+
+    reason: str = field(default="", kw_only=True)
+    """Why it is saved: ``min-cut boundary`` or the rule that forbids recomputing it."""
+
+    @classmethod
+    def of(cls, v: ValueInfo, *, reason: str, **changes: Any) -> SavedTensor:
+        return cls(**{**_shared(v), **changes}, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanNode(ValueInfo):
+    """One node of the joint graph as the plan sees it (for reports and ``Plan.explain``)."""
+
+    status: Status = field(default=Status.FORWARD, kw_only=True)
+    reason: str = field(default="", kw_only=True)
+    """The rule that constrained this node (``matmul``, ``user rule `x` ``...) or ``""``."""
+    inputs: tuple[str, ...] = field(default=(), kw_only=True)
+
+    @classmethod
+    def of(cls, v: ValueInfo, *, status: Status, reason: str, inputs: tuple[str, ...], **changes: Any) -> PlanNode:
+        return cls(**{**_shared(v), **changes}, status=status, reason=reason, inputs=inputs)
+
+
+@dataclass(frozen=True, slots=True)
+class Tradeoff:
+    """Where a plan sits on the memory/recompute trade-off: its predicted peak and estimated
+    recompute time. The one definition of dominance between plans."""
+
+    peak_bytes: int
+    recompute_seconds: float
+
+    def no_worse(self, other: Tradeoff) -> bool:
+        """Whether this point is at most ``other``'s on both peak and recompute time."""
+        return self.peak_bytes <= other.peak_bytes and self.recompute_seconds <= other.recompute_seconds
+
+    def dominates(self, other: Tradeoff) -> bool:
+        """No worse than ``other`` on both, and not the same point."""
+        return self.no_worse(other) and self != other
+
+
+PlanKey = tuple[tuple[str, ...], tuple[str, ...]]
+"""``PlanData.key``: the sorted names of a plan's saved values, and its recomputed ops' names."""
+
+
+@dataclass(frozen=True)
+class PlanData:
+    """The decision for one captured graph (or several, combined; see ``combine``), as data:
+    ``remat.plan.Plan`` is this record with its reports."""
+
+    saved: tuple[SavedTensor, ...]
+    recomputed: tuple[str, ...]
+    """Names of forward ops the backward computes again."""
+    recomputed_ops: tuple[str, ...] = ()
+    """The op of each entry of ``recomputed`` (same order)."""
+    eager_saved_bytes: int = 0
+    """What eager autograd keeps for the same graph (parameters excluded)."""
+    graphs: int = 1
+    fallback: str | None = None
+    """Set when planning failed and the graph saves what autograd would save instead."""
+    notes: tuple[str, ...] = field(default=())
+    nodes: tuple[PlanNode, ...] = field(default=(), repr=False)
+    """Every node of the joint graph with its status, in graph order (empty for a fallback)."""
+    predicted_peak_bytes: int = 0
+    """Predicted peak activation memory of one step under this plan, as the chosen backend runs
+    it: the best prediction available, named by ``peak_model``. Before compiling, the simulator's
+    (``remat.core.peak``): op by op (``"eager"``) or Inductor's kernels as remat models them
+    (``"inductor"``); once Inductor has compiled the forward and the backward, the peak read
+    from the memory plan it generated (``compiled_peak_bytes``)."""
+    peak_model: str = ""
+    """What produced ``predicted_peak_bytes``: ``"simulated: op by op"``, ``"simulated: Inductor
+    step model"`` or ``"read: Inductor's memory plan"``."""
+    simulated_peak_bytes: int = 0
+    """The simulator's prediction (``remat.core.peak``), kept when a compiled reading replaces it."""
+    compiled_peak_bytes: int = 0
+    """The step's peak read from the allocations Inductor planned for the compiled forward and
+    backward (``remat.core.allocations``); 0 until both are compiled (AOTAutograd compiles the
+    backward at the first backward call unless a budget asks for it at once)."""
+    eager_peak_bytes: int = 0
+    """Predicted peak of eager autograd on the same graph: saving what autograd saves,
+    recomputing nothing, run uncompiled op by op (whatever the backend). Budget fractions are
+    fractions of it."""
+    recompute_flops: int = 0
+    """Estimated FLOPs of the recomputed ops."""
+    recompute_seconds: float = 0.0
+    """Estimated time of the recomputed ops on the device model (fused: no memory round trips)."""
+    budget_bytes: int | None = None
+    """The peak budget this plan was chosen under, if any."""
+    peak_floor_bytes: int = 0
+    """No remat plan for this graph has a smaller *predicted* peak (``remat.core.peak.floor_bytes``):
+    in remat's model of the step (the same backward ops, each forward value recomputed at most
+    once) the gradients, outputs and output gradients, and each backward op's operands with its
+    result, coexist whatever is saved or recomputed. It bounds remat's predictions, not measured
+    memory: a differently scheduled or fused backward (torch.compile with checkpointing, say)
+    can measure lower."""
+    checkpoints: tuple[str, ...] = ()
+    """Separator values this plan never recomputes through (checkpoint segments, see
+    ``remat.core.segments``); empty for the default plan and the min-cut frontier's plans."""
+    nested: tuple[str, ...] = ()
+    """A nested plan's inner checkpoints (``remat.planning.nesting``): recomputed from the saved
+    ``checkpoints`` when the backward reaches their segment, kept until their own segment's
+    backward; empty for other plans."""
+    recompute_times: tuple[int, ...] = ()
+    """How many times the backward computes each entry of ``recomputed`` (same order): 2 for an
+    op a nested plan recomputes in the sweep and again before its segment's backward. Empty when
+    every recomputed op runs once."""
+
+    def with_compiled_peak(self, peak_bytes: int, where: str = "", caveats: tuple[str, ...] = ()) -> PlanData:
+        """This plan with its step's peak read from the compiled graphs (``compiled_peak_bytes``),
+        which becomes ``predicted_peak_bytes``; the simulator's stays in ``simulated_peak_bytes``."""
+        note = (f"peak read from Inductor's memory plan: {format_bytes(peak_bytes)}" + (f" at {where}" if where else "")
+                + "".join(f" ({c})" for c in caveats))
+        return replace(self, compiled_peak_bytes=peak_bytes, predicted_peak_bytes=peak_bytes,
+                       simulated_peak_bytes=self.simulated_peak_bytes or self.predicted_peak_bytes,
+                       peak_model=READ, notes=(*[n for n in self.notes if not n.startswith(_READ_NOTE)], note))
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes kept alive for the backward by this plan (parameters excluded)."""
+        return sum(s.nbytes for s in self.saved)
+
+    @property
+    def key(self) -> PlanKey:
+        """What identifies this plan among the plans of one graph, across traces of it: the
+        names of its saved values and of the ops it recomputes."""
+        return tuple(sorted(s.name for s in self.saved)), self.recomputed
+
+    @property
+    def tradeoff(self) -> Tradeoff:
+        """Its predicted peak and estimated recompute time (``Tradeoff``)."""
+        return Tradeoff(self.predicted_peak_bytes, self.recompute_seconds)
+
+    def recompute_counts(self) -> dict[str, int]:
+        """Recomputations counted by op overload, e.g. ``{"aten.mul.Tensor": 4}`` (an op
+        recomputed twice counts twice; see ``times``)."""
+        counts: Counter[str] = Counter()
+        for op, k in zip(self.recomputed_ops, self.times()):
+            counts[op] += k
+        return dict(sorted(counts.items()))
+
+    def times(self) -> tuple[int, ...]:
+        """``recompute_times``, with the 1s filled in: one count per entry of ``recomputed``."""
+        return self.recompute_times or (1,) * len(self.recomputed)
+
+    @classmethod
+    def combine(cls, plans: list[PlanData]) -> PlanData:
+        """One plan for several graphs (graph breaks): names get a ``g<k>.`` prefix.
+
+        The step's predicted peak composes the graphs as the step runs them: the graphs' forwards
+        in capture order, then their backwards in reverse, so while graph ``k`` runs (either
+        way) the tensors every earlier graph saved are alive. The combined peak is the largest,
+        over ``k``, of graph ``k``'s own predicted peak plus the bytes graphs ``0..k-1`` save
+        (and the same for eager autograd's peak); a note says so. Activations passed from one
+        graph to the next are counted in both graphs' own peaks, not twice across them.
+
+        Each graph's own peak keeps its outputs alive to the end of its backward, as for the
+        last graph (the loss) it must; an earlier graph's outputs may die sooner (once the next
+        graph has saved what it needs), so the combination can over-predict: measured on CPU,
+        two linear+tanh halves split by a graph break, 28.3 MB against 33.5 MB predicted."""
+        if len(plans) == 1:
+            return plans[0]
+        saved, rec, ops, notes, nodes, times = [], [], [], [], [], []
+        for k, p in enumerate(plans):
+            saved += [replace(s, name=f"g{k}.{s.name}") for s in p.saved]
+            rec += [f"g{k}.{r}" for r in p.recomputed]
+            ops += list(p.recomputed_ops)
+            times += list(p.times())
+            notes += [f"g{k}: {n}" for n in p.notes]
+            nodes += [replace(n, name=f"g{k}.{n.name}", inputs=tuple(f"g{k}.{u}" for u in n.inputs))
+                      for n in p.nodes]
+            if p.fallback:
+                notes.append(f"g{k}: fell back: {p.fallback}")
+        peak = eager_peak = before = eager_before = 0
+        for p in plans:
+            peak = max(peak, before + p.predicted_peak_bytes)
+            eager_peak = max(eager_peak, eager_before + p.eager_peak_bytes)
+            before += p.saved_bytes
+            eager_before += p.eager_saved_bytes
+        models = sorted({p.peak_model for p in plans if p.peak_model})
+        if all(p.predicted_peak_bytes for p in plans):
+            notes.append(f"peak of {len(plans)} graphs: the largest over graphs of its own predicted peak plus "
+                         "what the graphs before it save (forwards in order, backwards in reverse)")
+        else:
+            peak = eager_peak = 0  # a fallback graph has no prediction: the step's is unknown
+        return cls(tuple(saved), tuple(rec), tuple(ops), sum(p.eager_saved_bytes for p in plans),
+                   graphs=sum(p.graphs for p in plans), notes=tuple(notes), nodes=tuple(nodes),
+                   recompute_times=tuple(times) if any(t > 1 for t in times) else (),
+                   recompute_flops=sum(p.recompute_flops for p in plans),
+                   recompute_seconds=sum(p.recompute_seconds for p in plans),
+                   predicted_peak_bytes=peak, eager_peak_bytes=eager_peak,
+                   peak_model=" + ".join(models),
+                   simulated_peak_bytes=_combined(plans, "simulated_peak_bytes"),
+                   compiled_peak_bytes=_combined(plans, "compiled_peak_bytes"),
+                   peak_floor_bytes=max(p.peak_floor_bytes for p in plans) if peak else 0)
+
+
+def _combined(plans: list[PlanData], attr: str) -> int:
+    """``Plan.combine``'s composition of one peak field (0 unless every graph has it)."""
+    peak = before = 0
+    for p in plans:
+        value = getattr(p, attr)
+        if not value:
+            return 0
+        peak = max(peak, before + value)
+        before += p.saved_bytes
+    return peak
+
+
+
+@dataclass(frozen=True)
+class FrontierData:
+    """The plans no other plan beats on both predicted peak and estimated recompute time, for one
+    graph, sorted from the least recompute time to the most (so their peaks fall): drawn from
+    the default plan, every vertex of the lower convex hull of (saved bytes, recompute seconds),
+    and the checkpoint-segment plans (``remat.core.segments``; ``checkpoints`` set). A budget chooses
+    among all candidates (``remat.planning.choice.choose``). ``default`` is the plan used without a
+    budget, which may itself be dominated; ``eager_peak_bytes`` is autograd's predicted peak.
+    ``remat.plan.Frontier`` is this record with its text and plot."""
+
+    points: tuple[PlanData, ...]
+    eager_peak_bytes: int = 0
+    peak_floor_bytes: int = 0
+    """No plan of this graph is predicted under it (``Plan.peak_floor_bytes``)."""
+    default: PlanData | None = None
+
+    @property
+    def hull(self) -> tuple[PlanData, ...]:
+        """The frontier's min-cut plans (the default plan or the hull's vertices)."""
+        return tuple(p for p in self.points if not p.checkpoints)
+
+    @property
+    def segments(self) -> tuple[PlanData, ...]:
+        """The checkpoint-segment plans."""
+        return tuple(p for p in self.points if p.checkpoints)
+
+    def is_default(self, p: PlanData) -> bool:
+        """Whether ``p`` is the default plan (``PlanData.key``)."""
+        return self.default is not None and p.key == self.default.key
+
+    def dominating_default(self) -> PlanData | None:
+        """The listed plan that beats the default plan on both peak and recompute time, if the
+        default plan is not itself on the frontier."""
+        d = self.default
+        if d is None or any(self.is_default(p) for p in self.points):
+            return None
+        return next((p for p in self.points if p.tradeoff.no_worse(d.tradeoff)), None)
+

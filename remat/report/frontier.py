@@ -1,0 +1,74 @@
+"""``print(frontier)`` and ``frontier.plot(path)``: the memory/recompute frontier of one graph as a
+table (saved bytes, predicted peak, its ratio to eager autograd's, estimated recompute time) and
+as a plot of predicted peak (MiB) against estimated recompute time (ms)."""
+
+from __future__ import annotations
+
+from ..errors import RematError
+from ..plan_data import FrontierData, PlanData
+from ..units import format_bytes
+
+__all__ = ["render", "plot"]
+
+_MIB = 2**20
+
+
+def _row(frontier: FrontierData, k: int, p: PlanData) -> tuple[str, ...]:
+    eager = frontier.eager_peak_bytes
+    ratio = f"{p.predicted_peak_bytes / eager:.2f}" if eager else "-"
+    kind = f"{len(p.checkpoints)} checkpoints" if p.checkpoints else "min-cut"
+    if frontier.is_default(p):
+        kind += " (default)"
+    return (str(k), kind, format_bytes(p.saved_bytes), format_bytes(p.predicted_peak_bytes), ratio,
+            f"{p.recompute_seconds * 1e3:.3f} ms", str(len(p.recomputed)))
+
+
+def render(frontier: FrontierData) -> str:
+    """The frontier as ``print(frontier)`` shows it."""
+    rows = [("#", "kind", "saved", "predicted peak", "x eager peak", "recompute (est.)", "recomputed ops")]
+    rows += [_row(frontier, k, p) for k, p in enumerate(frontier.points)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"remat frontier: {len(frontier.points)} plans no other plan beats on both predicted peak and "
+             f"recompute time (eager autograd's predicted peak: {format_bytes(frontier.eager_peak_bytes)})"]
+    for j, r in enumerate(rows):
+        lines.append("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    beaten = frontier.dominating_default()
+    d = frontier.default
+    if beaten is not None and d is not None:
+        lines.append(f"default plan (no budget): predicted peak {format_bytes(d.predicted_peak_bytes)}, recompute "
+                     f"{d.recompute_seconds * 1e3:.3f} ms; plan #{frontier.points.index(beaten)} beats it on both")
+    return "\n".join(lines)
+
+
+def _xy(plans: tuple[PlanData, ...]) -> tuple[list[float], list[float]]:
+    return [p.recompute_seconds * 1e3 for p in plans], [p.predicted_peak_bytes / _MIB for p in plans]
+
+
+def plot(frontier: FrontierData, path: str) -> str:
+    """Predicted peak (MiB) against estimated recompute time (ms), as PNG or SVG by the file's
+    extension; returns ``path``. Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RematError("remat: Frontier.plot needs matplotlib; pip install matplotlib.") from e
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*_xy(frontier.points), "-", color="C0", label="frontier")
+    for plans, style, label in ((frontier.hull, "o", "min-cut plans"), (frontier.segments, "s", "checkpoint segments")):
+        if plans:
+            ax.plot(*_xy(plans), style, label=label)
+    if frontier.default is not None:
+        ax.plot(*_xy((frontier.default,)), "*", color="C3", markersize=12, label="default plan")
+    if frontier.eager_peak_bytes:
+        ax.axhline(frontier.eager_peak_bytes / _MIB, color="gray", ls="--", label="eager autograd")
+    ax.set_xlabel("estimated recompute time (ms)")
+    ax.set_ylabel("predicted peak memory of a step (MiB)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
