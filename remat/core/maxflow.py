@@ -101,24 +101,56 @@ class Residual:
 
 def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list:  # noqa: N803 - networkx's name
     """networkx's ``boykov_kolmogorov_impl`` on a ``Residual``'s lists; the flow per edge."""
-    flow: list = [0] * len(cap)
+    search = _Search(succ, pred, out, cap, rev, s, t, INF)
+    flow_value = 0
+    while flow_value < INF:
+        u, v = search.grow()
+        if u is None:
+            break
+        search.time += 1
+        flow_value += search.augment(u, v)
+        search.adopt()
+    if flow_value * 2 > INF:  # pragma: no cover - the solver rejects infinite paths first
+        raise AssertionError("remat: internal error, infinite capacity path in the flow network; please report")
+    return search.flow
 
-    def grow():
+
+class _Search:
+    """The two search trees of Boykov-Kolmogorov and the flow they push (networkx's closures in
+    ``boykov_kolmogorov_impl``, here as methods over the same state)."""
+
+    def __init__(self, succ, pred, out, cap, rev, s: int, t: int, INF) -> None:  # noqa: N803
+        self.succ, self.pred, self.out, self.cap, self.rev = succ, pred, out, cap, rev
+        self.s, self.t, self.INF = s, t, INF
+        self.flow: list = [0] * len(cap)
+        self.source_tree: dict = {s: None}
+        self.target_tree: dict = {t: None}
+        self.active = deque([s, t])
+        self.queued = {s: 1, t: 1}  # how many times each vertex is in active: a membership test in O(1)
+        self.dead: dict = {}  # how many of a vertex's first occurrences in the deque were removed from active
+        self.orphans: deque = deque()
+        self.time = 1
+        self.timestamp = {s: 1, t: 1}
+        self.dist = {s: 0, t: 0}
+
+    def grow(self):
+        active, queued, dead, dist, timestamp = self.active, self.queued, self.dead, self.dist, self.timestamp
+        cap, flow = self.cap, self.flow
         while active:
             u = active[0]
             if dead.get(u):  # removed from active by adopt (nx: active.remove(u))
                 dead[u] -= 1
                 active.popleft()
                 continue
-            if u in source_tree:
-                this_tree, other_tree, neighbors = source_tree, target_tree, succ
+            if u in self.source_tree:
+                this_tree, other_tree, neighbors = self.source_tree, self.target_tree, self.succ
             else:
-                this_tree, other_tree, neighbors = target_tree, source_tree, pred
+                this_tree, other_tree, neighbors = self.target_tree, self.source_tree, self.pred
             for v, e in neighbors[u]:
                 if cap[e] - flow[e] > 0:
                     if v not in this_tree:
                         if v in other_tree:
-                            return (u, v) if this_tree is source_tree else (v, u)
+                            return (u, v) if this_tree is self.source_tree else (v, u)
                         this_tree[v] = u
                         dist[v] = dist[u] + 1
                         timestamp[v] = timestamp[u]
@@ -131,26 +163,33 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
             queued[active.popleft()] -= 1
         return None, None
 
-    def augment(u: int, v: int):
+    def _bottleneck(self, u: int, v: int) -> tuple[list[int], Any]:
+        """The augmenting path through the edge ``u -> v`` joining the trees, and its capacity."""
+        out, cap, flow = self.out, self.cap, self.flow
         e = out[u][v]
-        f = min(INF, cap[e] - flow[e])
+        f = min(self.INF, cap[e] - flow[e])
         path = [u]
         w = u
-        while w != s:
+        while w != self.s:
             n = w
-            w = source_tree[n]
+            w = self.source_tree[n]
             e = out[w][n]
             f = min(f, cap[e] - flow[e])
             path.append(w)
         path.reverse()
         path.append(v)
         w = v
-        while w != t:
+        while w != self.t:
             n = w
-            w = target_tree[n]
+            w = self.target_tree[n]
             e = out[n][w]
             f = min(f, cap[e] - flow[e])
             path.append(w)
+        return path, f
+
+    def augment(self, u: int, v: int):
+        path, f = self._bottleneck(u, v)
+        out, cap, flow, rev = self.out, self.cap, self.flow, self.rev
         it = iter(path)
         u = next(it)
         these_orphans = []
@@ -159,50 +198,52 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
             flow[e] += f
             flow[rev[e]] -= f
             if flow[e] == cap[e]:
-                if v in source_tree:
-                    source_tree[v] = None
+                if v in self.source_tree:
+                    self.source_tree[v] = None
                     these_orphans.append(v)
-                if u in target_tree:
-                    target_tree[u] = None
+                if u in self.target_tree:
+                    self.target_tree[u] = None
                     these_orphans.append(u)
             u = v
-        orphans.extend(sorted(these_orphans, key=dist.get))
+        self.orphans.extend(sorted(these_orphans, key=self.dist.get))
         return f
 
-    def adopt():
-        while orphans:
-            u = orphans.popleft()
-            if u in source_tree:
-                tree, neighbors = source_tree, pred
+    def adopt(self):
+        cap, flow, dist, queued = self.cap, self.flow, self.dist, self.queued
+        while self.orphans:
+            u = self.orphans.popleft()
+            if u in self.source_tree:
+                tree, neighbors = self.source_tree, self.pred
             else:
-                tree, neighbors = target_tree, succ
+                tree, neighbors = self.target_tree, self.succ
             nbrs = [(n, e, dist[n]) for n, e in neighbors[u] if n in tree]
             for v, e, _ in sorted(nbrs, key=itemgetter(2)):
-                if cap[e] - flow[e] > 0 and _has_valid_root(v, tree):
+                if cap[e] - flow[e] > 0 and self._has_valid_root(v, tree):
                     tree[u] = v
                     dist[u] = dist[v] + 1
-                    timestamp[u] = time
+                    self.timestamp[u] = self.time
                     break
             else:
                 nbrs = [(n, e, dist[n]) for n, e in neighbors[u] if n in tree]
                 for v, e, _ in sorted(nbrs, key=itemgetter(2)):
                     if cap[e] - flow[e] > 0 and not queued.get(v):  # nx: v not in active
-                        active.append(v)
+                        self.active.append(v)
                         queued[v] = queued.get(v, 0) + 1
                     if tree[v] == u:
                         tree[v] = None
-                        orphans.appendleft(v)
+                        self.orphans.appendleft(v)
                 if queued.get(u):  # nx: active.remove(u), its first occurrence: marked dead
-                    dead[u] = dead.get(u, 0) + 1
+                    self.dead[u] = self.dead.get(u, 0) + 1
                     queued[u] -= 1
                 del tree[u]
 
-    def _has_valid_root(n: int, tree: dict) -> bool:
+    def _has_valid_root(self, n: int, tree: dict) -> bool:
+        timestamp, dist, time = self.timestamp, self.dist, self.time
         path = []
         v = n
         while v is not None:
             path.append(v)
-            if v == s or v == t:
+            if v == self.s or v == self.t:
                 base_dist = 0
                 break
             elif timestamp[v] == time:
@@ -216,27 +257,6 @@ def _boykov_kolmogorov(succ, pred, out, cap, rev, s: int, t: int, INF) -> list: 
             dist[u] = base_dist + length - i
             timestamp[u] = time
         return True
-
-    source_tree: dict = {s: None}
-    target_tree: dict = {t: None}
-    active = deque([s, t])
-    queued = {s: 1, t: 1}  # how many times each vertex is in active: a membership test in O(1)
-    dead: dict = {}  # how many of a vertex's first occurrences in the deque were removed from active
-    orphans: deque = deque()
-    flow_value = 0
-    time = 1
-    timestamp = {s: time, t: time}
-    dist = {s: 0, t: 0}
-    while flow_value < INF:
-        u, v = grow()
-        if u is None:
-            break
-        time += 1
-        flow_value += augment(u, v)
-        adopt()
-    if flow_value * 2 > INF:  # pragma: no cover - the solver rejects infinite paths first
-        raise AssertionError("remat: internal error, infinite capacity path in the flow network; please report")
-    return flow
 
 
 def _source_side(res: Residual, edge_list: list[tuple[Hashable, Hashable, dict]], s: Hashable, t: Hashable) -> set:
