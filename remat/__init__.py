@@ -9,6 +9,7 @@ from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematErro
 from .options import Options
 from .plan import Frontier, Plan, SavedTensor
 from .policy import MUST_RECOMPUTE, MUST_SAVE, Decision, OpInfo, Rule, recompute, save
+from .tuning import Tuning
 
 __all__ = [
     "checkpoint",
@@ -20,6 +21,7 @@ __all__ = [
     "remat_backend",
     "Options",
     "DeviceModel",
+    "Tuning",
     "Plan",
     "SavedTensor",
     "Decision",

@@ -43,6 +43,7 @@ def checkpoint(
     dynamic: bool | None = None,
     budget: int | float | str | None = None,
     device_model: Any = None,
+    tune: Any = "auto",
 ) -> T:
     """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
 
@@ -54,6 +55,9 @@ def checkpoint(
     planned by a bytes-weighted min-cut; ``remat.compiled_plans(wrapped)`` lists the plans.
     With ``budget`` (bytes, ``"6GiB"``, or a fraction of eager's peak) each graph takes the
     plan with the least estimated recompute whose predicted peak fits (``remat.budget``).
+    With ``tune`` (``"auto"``: on CUDA) the first training steps measure the plan prediction
+    chose against a smaller frontier plan and torch.compile's own partition, and keep the
+    smallest within 2% of the fastest (``remat.tuning``; the decision is cached on disk).
 
     Warns once if Dynamo breaks the model into several graphs (each is planned on its own),
     and turns off Hugging Face gradient checkpointing flags on the model, with a warning.
@@ -61,7 +65,7 @@ def checkpoint(
     """
     _check_model(model, "checkpoint", "Pass the model itself (remat.checkpoint(model)) or a function of tensors.")
     options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
-                      device_model=device_model)
+                      device_model=device_model, tune=tune)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
         return wrap_module(model, rb)  # type: ignore[return-value]

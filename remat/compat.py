@@ -30,6 +30,7 @@ __all__ = [
     "make_boxed_func",
     "extract_fwd_bwd",
     "default_partition",
+    "stock_partition",
     "register_backend",
     "no_autograd_cache",
     "default_store",
@@ -38,6 +39,7 @@ __all__ = [
     "size_hint",
     "graph_break",
     "is_sym",
+    "copy_dynamo_sources",
     "ordered_set",
     "measure_cpu_peak_bytes",
     "active_ddp_module",
@@ -89,6 +91,18 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     params = inspect.signature(_partitioners.default_partition).parameters
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     return _partitioners.default_partition(joint, joint_inputs, **kwargs)
+
+
+def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+    """torch.compile's own partition of the joint graph, as Inductor calls it
+    (``min_cut_rematerialization_partition(..., compiler="inductor")``): a candidate remat
+    measures (``remat.tuning``). ``versions.HOOKS["stock_partition"]``."""
+    fn = _partitioners.min_cut_rematerialization_partition
+    params = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in params}
+    if "compiler" in params:
+        kwargs["compiler"] = "inductor"
+    return fn(joint, joint_inputs, **kwargs)
 
 
 def no_autograd_cache() -> Any:
@@ -255,6 +269,21 @@ def graph_break(gm: fx.GraphModule) -> str | None:
     return f"{where} ({why[:120]})"
 
 
+
+
+def copy_dynamo_sources(gm: fx.GraphModule, copied: fx.GraphModule) -> None:
+    """Give ``copied`` (a copy of Dynamo's graph ``gm``) what AOTAutograd reads off a Dynamo
+    graph to tell the parameters and buffers from the inputs the step hands in (its static
+    inputs): the module's ``_param_name_to_source`` and each placeholder's ``_dynamo_source``.
+    Without them a copy plans parameters as activations. ``versions.HOOKS["dynamo_sources"]``."""
+    if "dynamo_compile_id" in gm.meta and not hasattr(gm, "_param_name_to_source"):
+        drift("dynamo_sources", "GraphModule._param_name_to_source")
+        return
+    if hasattr(gm, "_param_name_to_source"):
+        copied._param_name_to_source = gm._param_name_to_source
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"), copied.graph.find_nodes(op="placeholder")):
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
 
 
 def is_sym(val: object) -> bool:

@@ -116,6 +116,12 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def world_size() -> int:
+    """The default process group's size, 1 without one."""
+    world = _world()
+    return world[1] if world is not None else 1
+
+
 def _world() -> tuple[int, int] | None:
     """(rank, world size) when a process group of more than one rank is initialised."""
     if not _distributed():

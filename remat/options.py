@@ -10,6 +10,7 @@ from .budget import Budget, parse_budget
 from .device import DEVICE_MODELS, DeviceModel
 from .errors import RematError
 from .policy import Policy, normalize_policy
+from .tuning import Tuning, parse_tune
 
 __all__ = ["Options", "BACKENDS"]
 
@@ -41,6 +42,11 @@ class Options:
     """Roofline numbers for recompute-time estimates: ``"h200"``, ``"cpu"`` or a
     ``remat.DeviceModel``; ``None`` picks by the graph's device."""
 
+    tune: Tuning | bool | str | None = "auto"
+    """Choose each graph's plan by measuring candidates on the first training steps
+    (``remat.tuning``): ``"auto"`` on CUDA, ``True`` on every device, ``False`` never, or a
+    ``remat.Tuning``. Normalised to a ``Tuning`` or ``None``."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:
             raise RematError(
@@ -53,6 +59,7 @@ class Options:
             raise RematError(f"remat: dynamic must be None, True or False, got {self.dynamic!r}.")
         object.__setattr__(self, "policy", normalize_policy(self.policy))
         object.__setattr__(self, "budget", parse_budget(self.budget))
+        object.__setattr__(self, "tune", parse_tune(self.tune))
         dm = self.device_model
         if isinstance(dm, str):
             if dm not in DEVICE_MODELS:

@@ -212,6 +212,16 @@ class PlanData:
     """How many times the backward computes each entry of ``recomputed`` (same order): 2 for an
     op a nested plan recomputes in the sweep and again before its segment's backward. Empty when
     every recomputed op runs once."""
+    origin: str = ""
+    """Where the plan came from: ``"default"``, a budget's candidate (``"hull"``, ``"segments"``,
+    ``"nested"``), or ``"torch.compile"`` (torch.compile's own partition of the same graph,
+    measured as a candidate: ``remat.tuning``); empty where no choice was made."""
+    measured: tuple[tuple[str, float, int], ...] = ()
+    """When the plan was chosen by measuring candidates on the first training steps
+    (``remat.tuning``): each candidate's name, median seconds of its graph's forward and backward,
+    and peak bytes, in the order measured; empty otherwise."""
+    chosen_by: str = ""
+    """Why this plan runs, when it was measured or taken from the decision cache."""
 
     def with_compiled_peak(self, peak_bytes: int, where: str = "", caveats: tuple[str, ...] = ()) -> PlanData:
         """This plan with its step's peak read from the compiled graphs (``compiled_peak_bytes``),

@@ -106,6 +106,18 @@ HOOKS: dict[str, Hook] = {
         "the plan a failed planning falls back to (what autograd saves)",
         ("torch._functorch.partitioners.default_partition",), ("remat.compat",), _BOTH, OnDrift.FAILS,
         "compiling fails with torch's error.", "Keyword arguments this torch lacks are left out."),
+    "stock_partition": Hook(
+        "torch.compile's own partition of a graph, measured as a candidate plan (remat.tuning)",
+        ("torch._functorch.partitioners.min_cut_rematerialization_partition",), ("remat.compat",), ("2.13",),
+        OnDrift.FAILS, "compiling the candidate fails with torch's error.",
+        "Called as Inductor's partition_fn calls it (compiler=\"inductor\"); keyword arguments this torch "
+        "lacks are left out."),
+    "dynamo_sources": Hook(
+        "a copy of Dynamo's graph (a budget's re-plan, a measured candidate) keeps what tells its "
+        "parameters from its inputs", ("torch.fx.GraphModule._param_name_to_source", "torch.fx.Node._dynamo_source"),
+        ("remat.compat", "remat.capture.graph_copy"), ("2.13",), OnDrift.WARN,
+        "a re-planned or measured copy of a graph plans its parameters as inputs the step hands in.",
+        "Read by AOTAutograd's _try_get_metadata_from_dynamo; copied by attribute, not by meta."),
     "autograd_cache_off": Hook(
         "turning off the AOTAutograd cache, whose key ignores the partitioner",
         ("torch._functorch.config", "torch._functorch.config.patch",

@@ -90,7 +90,7 @@ def test_reader_passes_over_grouped_asserts_and_names_unknown_lines():
     # it neither allocates nor frees. A line kind the reader does not know is named, never dropped.
     from types import SimpleNamespace
 
-    from remat.inductor.wrapper_reading import trace_of
+    from remat.backends.inductor.wrapper_reading import trace_of
     from torch._inductor.codegen import wrapper
 
     class Unheard(wrapper.WrapperLine):

@@ -216,7 +216,7 @@ def test_unverified_version_warns_once_naming_the_verified_ones():
 def test_running_torch_is_checked_when_compiling(monkeypatch):
     seen = []
     monkeypatch.setattr("remat.backends.inductor.backend.check_torch_version", lambda: seen.append(1) or True)
-    monkeypatch.setattr("remat.backends.inductor.backend.compile_fx", lambda gm, inputs, *_: gm.forward)
+    monkeypatch.setattr("remat.backends.inductor.backend.compile_fx", lambda gm, inputs, *_, **__: gm.forward)
     fn = remat.checkpoint(lambda x: (x * 2).sum())
     fn(torch.randn(3, requires_grad=True))
     assert seen

@@ -59,9 +59,14 @@ def test_tiny_model_trains_under_remat_as_under_eager_autograd(name):
     # backward above all: ResNet-18's first conv differs by 8e-4 in an element of a cancelling sum).
     pairs = [(grads[k], g) for k, g in ref_grads.items() if g is not None]
     assert real_models.rel_error([a for a, _ in pairs], [b for _, b in pairs]) < 5e-4, name
+    # Each parameter on its own, against a floor of the whole step's gradient scale: some gradients
+    # are zero in exact arithmetic (BERT's key bias: softmax ignores a shift shared by a row), and
+    # their rounding noise has no scale of its own.
+    floor = 1e-6 * max(g.abs().max().item() for _, g in pairs)
     for k, g in ref_grads.items():
         if g is not None:
-            assert real_models.rel_error([grads[k]], [g]) < 1e-2, f"{name} {k}"
+            err = (grads[k] - g).norm().item()
+            assert err <= 1e-2 * g.norm().item() + floor * g.numel() ** 0.5, f"{name} {k}: {err}"
     tol = {"atol": 1e-4, "rtol": 1e-3}
     for (k, a), (_, b) in zip(wrapped.named_buffers(), ref_model.named_buffers()):
         torch.testing.assert_close(a, b, **tol, msg=lambda m, k=k: f"{name} buffer {k}: {m}")

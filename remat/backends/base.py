@@ -60,11 +60,13 @@ class Backend(ABC):
 
     @abstractmethod
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[Any], None] | None = None) -> Any:
+                on_peak: Callable[[Any], None] | None = None, *, stock: bool = False) -> Any:
         """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
         (``remat.capture.partition``), and the two halves are compiled or run as this backend does. A
         backend that ``reads_compiled_peak`` calls ``on_peak`` with the step's peak read from the
-        compiled forward and backward (``remat.core.allocations.StepPeak``); others never call it."""
+        compiled forward and backward (``remat.core.allocations.StepPeak``); others never call it.
+        ``stock``: ``partition`` is torch.compile's own (``remat.tuning``), lowered with the
+        backend's own settings rather than those remat's recompute needs."""
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
         """Forward values of the joint graph (``nodes``) this backend runs faster saved than

@@ -5,7 +5,6 @@ with remat's partition function."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import warnings
@@ -13,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from .. import compat, distributed
@@ -21,9 +21,13 @@ from ..backends.registry import backend_for
 from ..logs import planning, warn_at_user
 from ..options import Options
 from ..plan import Plan, format_bytes
+from ..plan_data import PlanKey
 from ..planning.choice import Attempt, compile_within_budget
+from ..tuning import Tuning
 from . import buckets
-from .partition import make_partition_fn
+from .graph_copy import copy_graph
+from .partition import make_partition_fn, make_stock_partition_fn
+from .tuned import compile_tuned
 
 __all__ = ["RematBackend", "remat_backend"]
 
@@ -165,7 +169,7 @@ class RematBackend:
         on a copy (Inductor's passes change graphs in place) without compiling it. Empty sets
         (split as Dynamo does) when there is no training graph or its planning fell back."""
         whole = RematBackend(dataclasses.replace(self.options, budget=None), explain_only=True, keep_joints=True)
-        copied = _copy(gm)
+        copied = copy_graph(gm)
         if copied is None:
             return set(), set()
         whole(copied, example_inputs)
@@ -175,8 +179,32 @@ class RematBackend:
         return buckets.whole_plan_values(whole.joints[0], {s.name for s in plan.saved}, set(plan.recomputed), gm)
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Plan and compile one graph: by measuring candidates on the first training steps where
+        the options ask for it (``remat.capture.tuned``), else the plan prediction chooses."""
+        tuning = self._tuning(example_inputs)
+        if tuning is not None:
+            return compile_tuned(self, gm, example_inputs, tuning)
+        return self.compile_plan(gm, example_inputs)
+
+    def _tuning(self, example_inputs: list[Any]) -> Tuning | None:
+        """The options' ``Tuning`` when this graph is measured: it trains (not ``explain``), it
+        runs on a device the tuning measures, and no process group of several ranks would need
+        every rank to measure alike (each process would time its own steps and might choose
+        another plan: the ranks' graphs must agree, Note [Ranks agree on plans])."""
+        tuning = self.options.tune
+        if tuning is None or self.explain_only or distributed.world_size() > 1:
+            return None
+        devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+        device = "cuda" if "cuda" in devices else next(iter(sorted(devices - {"cpu"})), "cpu")
+        return tuning if tuning.measures(device) else None
+
+    def compile_plan(self, gm: fx.GraphModule, example_inputs: list[Any], *, pick: PlanKey | None = None,
+                     stock: bool = False, want_frontier: bool = False, backward_now: bool = False) -> Any:
         """Plan and compile one graph with this backend's options; under a budget, again while
-        the compiled step misses it (``remat.planning.choice.compile_within_budget``)."""
+        the compiled step misses it (``remat.planning.choice.compile_within_budget``). ``pick``:
+        the candidate plan to compile (``remat.tuning``; no re-plan); ``stock``: torch.compile's
+        own partition instead of a plan; ``want_frontier``: the frontier is planned too;
+        ``backward_now``: the backward is compiled with the forward (its peak read at once)."""
         k = len(self.plans)  # the index this graph's plan gets
         if self._break is not None:
             self._hands_over.add(k)
@@ -186,7 +214,8 @@ class RematBackend:
             self._apply_readings()
 
         budgeted = self.options.budget is not None and not self.explain_only
-        pristine = _copy(gm) if budgeted else None  # to compile again from: Inductor changes gm
+        replans = budgeted and pick is None and not stock
+        pristine = copy_graph(gm) if replans else None  # to compile again from: Inductor changes gm
         compiled = None
 
         def compile_once(attempt: Attempt) -> Plan | None:
@@ -194,13 +223,18 @@ class RematBackend:
             if attempt.compiles:  # the last compile missed the budget: its plan goes
                 del self.plans[k:], self.frontiers[k:]
                 self.readings.pop(k, None)
-                gm, pristine = pristine, _copy(pristine)
-            partition = _watched(make_partition_fn(self.options, self._sink, self.backend, self.reference,
-                                                    self.want_frontier, ends_at_break=self._break is not None,
-                                                    attempt=attempt), self)
-            with compat.backward_compiled_now() if budgeted else contextlib.nullcontext():
-                compiled = self._lower(gm, example_inputs, partition, read_peak)
-            if pristine is None:  # no budget, or no copy to compile again from: nothing to judge
+                gm, pristine = pristine, copy_graph(pristine)
+            if stock:
+                partition = make_stock_partition_fn(self.options, self._sink, self.backend, self.reference,
+                                                    ends_at_break=self._break is not None)
+            else:
+                partition = make_partition_fn(self.options, self._sink, self.backend, self.reference,
+                                              self.want_frontier or want_frontier,
+                                              ends_at_break=self._break is not None, attempt=attempt, pick=pick)
+            now = budgeted or backward_now
+            with compat.backward_compiled_now() if now else contextlib.nullcontext():
+                compiled = self._lower(gm, example_inputs, _watched(partition, self), read_peak, stock)
+            if pristine is None:  # no re-plan, or no copy to compile again from: nothing to judge
                 return None
             return self.plans[k] if k < len(self.plans) else None
 
@@ -210,9 +244,9 @@ class RematBackend:
         return compiled
 
     def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-               read_peak: Callable[[Any], None]) -> Any:
+               read_peak: Callable[[Any], None], stock: bool = False) -> Any:
         try:
-            return self.backend.compile(gm, example_inputs, partition, read_peak)
+            return self.backend.compile(gm, example_inputs, partition, read_peak, stock=stock)
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned
@@ -222,17 +256,6 @@ class RematBackend:
                     return gm.forward
                 cause = cause.__cause__
             raise
-
-
-def _copy(gm: fx.GraphModule) -> fx.GraphModule | None:
-    """A copy of ``gm`` to plan or compile again from (Inductor's passes change the graph they
-    compile), sharing its parameters and constants; None if the graph cannot be copied."""
-    try:
-        copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the graph anew; its attributes shared
-    except Exception:  # noqa: BLE001 - a node meta holding an object that cannot be copied
-        return None
-    copied.meta.update(gm.meta)
-    return copied
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:

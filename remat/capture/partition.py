@@ -11,6 +11,7 @@ saves what autograd would save (or, with ``strict``, raises).
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Callable
@@ -24,10 +25,11 @@ from ..core.peak import lazy_order
 from ..errors import RematError
 from ..options import Options
 from ..plan import Plan, Role
+from ..plan_data import PlanKey
 from ..planning.choice import FIRST, Attempt
-from ..planning.planner import plan_joint_graph
+from ..planning.planner import plan_joint_graph, plan_of_saved
 
-__all__ = ["make_partition_fn", "place_recompute"]
+__all__ = ["make_partition_fn", "make_stock_partition_fn", "place_recompute", "STOCK"]
 
 log = logging.getLogger("remat")
 
@@ -54,21 +56,23 @@ def place_recompute(bw: fx.GraphModule, recomputed: set[str]) -> None:
 
 def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] | None], None],
                       backend: Backend, reference: Backend, want_frontier: bool = False,
-                      ends_at_break: bool = False, attempt: Attempt = FIRST) -> Callable[..., Any]:
+                      ends_at_break: bool = False, attempt: Attempt = FIRST,
+                      pick: PlanKey | None = None) -> Callable[..., Any]:
     """The partition function for AOTAutograd (and Inductor's partitioner hook). ``sink``
     receives each graph's plan and, with a budget or ``want_frontier``, its frontier. ``backend``
     is the one that lowers the graph; it plans it too. ``reference``: the uncompiled backend
     eager autograd's baseline is simulated with. ``ends_at_break``: Dynamo ended this graph at a
     graph break, so its outputs go to the code that resumes after it, not to the caller
     (``remat.analysis.joint_graph.analyze``). ``attempt``: the budget's compile of this graph
-    (``remat.planning.choice``)."""
+    (``remat.planning.choice``); ``pick``: the candidate to use (``remat.tuning``)."""
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
         try:
             planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier, backend,
-                                       reference=reference, ends_at_break=ends_at_break, attempt=attempt)
+                                       reference=reference, ends_at_break=ends_at_break, attempt=attempt,
+                                       pick=pick)
             jg, saved_ids, plan, frontier = planned.jg, planned.saved_ids, planned.plan, planned.frontier
             joint = planned.gm or joint  # a nested plan splits the graph with its copies (remat.planning.nesting)
             values = [jg.nodes[i] for i in saved_ids]
@@ -96,6 +100,39 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
             log.info("%s", plan.summary())
         log.debug("%s", plan)
         sink(plan, frontier)
+        return fw, bw
+
+    return partition
+
+
+STOCK = "torch.compile"
+"""The name of torch.compile's own partition among the candidates a graph measures."""
+
+
+def make_stock_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] | None], None],
+                            backend: Backend, reference: Backend, ends_at_break: bool = False) -> Callable[..., Any]:
+    """The partition function that splits the joint graph as torch.compile does
+    (``compat.stock_partition``: its min-cut partitioner, as Inductor calls it), for measuring it
+    as a candidate (``remat.tuning``); ``sink`` receives the Plan of what it saves
+    (``remat.planning.planner.plan_of_saved``, planned on a copy of the joint graph taken first)."""
+
+    def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                  static_lifetime_input_indices: list[int] | None = None, **_: Any):
+        static = list(static_lifetime_input_indices or [])
+        copied = fx.GraphModule(joint, copy.deepcopy(joint.graph))
+        fw, bw = compat.stock_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                        static_lifetime_input_indices=static)
+        out = fw.graph.find_nodes(op="output")[0].args[0]
+        saved = [a.name for a in list(out)[num_fwd_outputs:] if isinstance(a, fx.Node)]
+        try:
+            plan = plan_of_saved(copied, num_fwd_outputs, static, options, backend, reference=reference,
+                                 saved_names=saved, origin=STOCK, ends_at_break=ends_at_break)
+        except RematError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the report of a partition that runs anyway
+            plan = Plan(saved=(), recomputed=(), origin=STOCK,
+                        notes=(f"{STOCK}: its partition runs; its plan could not be read ({type(e).__name__}: {e})",))
+        sink(plan, None)
         return fw, bw
 
     return partition

@@ -105,7 +105,7 @@ def _unbeaten(trials: list[_Trial], known: list[Candidate], eager: EagerBaseline
             continue
         s = t.solution
         p = build_plan(t.jg, s.saved, s.recomputed, t.decided, eager, t.tradeoff.peak_bytes)
-        p = replace(p, checkpoints=t.checkpoints, nested=t.nested)
+        p = replace(p, checkpoints=t.checkpoints, nested=t.nested, origin=origin.value)
         out.append(Candidate(s.saved, s.recomputed, p, origin, t.jg if rewritten else None))
     return out
 

@@ -5,9 +5,9 @@ A decision is keyed by everything that could change it: the joint graph's struct
 code, op by op, with shapes and dtypes), the device (its name), the torch version, and the
 options that shape the candidates (backend, budget, policy, tolerance). A graph that differs in
 any of these is a new key; nothing is ever looked up by a partial match. The entry holds the
-chosen candidate's identity (``plan_key``: its saved values' names, which planning produces
-deterministically for the same graph) and the measured table, so a cache hit can be reported
-with the numbers that decided it.
+chosen candidate's identity (``PlanData.key``: its saved values' and recomputed ops' names,
+which planning produces deterministically for the same graph) and the measured table, so a
+cache hit can be reported with the numbers that decided it.
 
 Files are JSON, one per key, written atomically (a temporary file renamed into place): two
 processes tuning the same graph at once each write a whole entry, and the later one wins.
@@ -48,10 +48,11 @@ def decision_key(graph: str, device: str, torch_version: str, options: str) -> s
 
 @dataclass(frozen=True)
 class Decision:
-    """What was chosen for one key: the candidate's ``plan_key`` (its saved values' names) and
-    name, and each candidate's measured median seconds and peak bytes, in candidate order."""
+    """What was chosen for one key: the candidate's ``PlanData.key`` (its saved values' and
+    recomputed ops' names) and name, and each candidate's measured median seconds and peak
+    bytes, in candidate order."""
 
-    chosen: tuple[str, ...]
+    chosen: tuple[tuple[str, ...], tuple[str, ...]]
     name: str
     reason: str
     table: tuple[tuple[str, float, int], ...] = field(default=())
@@ -72,7 +73,8 @@ class DecisionCache:
             data = json.loads(self._path(key).read_text())
             if data.get("schema") != SCHEMA_VERSION:
                 return None
-            return Decision(tuple(data["chosen"]), data["name"], data["reason"],
+            saved, recomputed = data["chosen"]
+            return Decision((tuple(saved), tuple(recomputed)), data["name"], data["reason"],
                             tuple((str(n), float(s), int(b)) for n, s, b in data["table"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -22,17 +22,18 @@ from ..analysis.cse import cse
 from ..analysis.joint_graph import JointGraph, analyze, device_model_for
 from ..backends.base import Backend
 from ..core.peak import floor_bytes, simulate
-from ..core.solver import ConflictError, Solution, describe, solve
+from ..core.solver import ConflictError, Solution, describe, recompute_closure, solve
 from ..device import DeviceModel
 from ..errors import PlanningError
 from ..options import Options
 from ..plan import Plan
+from ..plan_data import PlanKey
 from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
 from .choice import FIRST, Attempt, within_budget
 from .decisions import Decisions, decisions
 
-__all__ = ["Planned", "plan_joint_graph", "traffic_weight"]
+__all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
 
 log = logging.getLogger("remat")
 
@@ -103,13 +104,15 @@ def _default_cut(jg: JointGraph, decided: Decisions, dev: DeviceModel) -> Soluti
 def plan_joint_graph(
     gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
     want_frontier: bool, backend: Backend, *, reference: Backend, ends_at_break: bool = False,
-    attempt: Attempt = FIRST,
+    attempt: Attempt = FIRST, pick: PlanKey | None = None,
 ) -> Planned:
     """Analyse and solve one joint graph (CSE is applied to ``gm`` in place). With a budget
     (or ``want_frontier``) the memory/recompute frontier is computed too. ``backend``: the one
     that will lower the graph; ``reference``: the uncompiled one eager autograd's baseline is
     simulated with; ``ends_at_break``: see ``remat.analysis.joint_graph.analyze``;
-    ``attempt``: the budget's compile this planning is for (``remat.planning.choice``)."""
+    ``attempt``: the budget's compile this planning is for (``remat.planning.choice``);
+    ``pick``: the key of the candidate to use instead (one measured on the user's steps,
+    ``remat.tuning``); when no candidate has it, the default or budget choice is used."""
     gm.graph.eliminate_dead_code()
     dev = options.device_model or device_model_for(gm)
     eager = _eager_baseline(gm, num_fwd_outputs, static_input_indices, dev, reference, ends_at_break)
@@ -119,7 +122,7 @@ def plan_joint_graph(
     decided = decisions(jg, options, backend)
     sol = _default_cut(jg, decided, dev)
     plan = build_plan(jg, sol.saved, sol.recomputed, decided, eager)
-    if options.budget is None and not want_frontier:
+    if options.budget is None and not want_frontier and pick is None:
         return Planned(jg, list(sol.saved), plan)
 
     def reanalyze(nested: fx.GraphModule) -> JointGraph:  # a nested plan's rewrite, analysed as gm was
@@ -129,9 +132,42 @@ def plan_joint_graph(
     found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.DEFAULT), gm, reanalyze, jg, decided,
                        options, backend, eager)
     frontier = tuple(non_dominated([c.plan for c in found]))
-    if options.budget is None:
+    picked = next((c for c in found if c.plan.key == pick), None) if pick is not None else None
+    if picked is not None:
+        chosen = picked
+    elif options.budget is None:
         return Planned(jg, list(sol.saved), plan, frontier)
-    chosen = within_budget(found, options.budget, eager, attempt)
+    else:
+        chosen = within_budget(found, options.budget, eager, attempt)
     chosen_jg = chosen.jg or jg
     return Planned(chosen_jg, list(chosen.saved), chosen.plan, frontier,
                    gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)
+
+
+def plan_of_saved(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
+                  backend: Backend, *, reference: Backend, saved_names: list[str], origin: str,
+                  ends_at_break: bool = False) -> Plan:
+    """The Plan of a partition remat did not choose (torch.compile's own, measured as a
+    candidate: ``remat.tuning``) that saves the values named ``saved_names``: the backward
+    recomputes what it needs from them. Analysed without CSE, so that the names are the joint
+    graph's; a name the analysis does not know (a value the partitioner made) is noted."""
+    gm.graph.eliminate_dead_code()
+    dev = options.device_model or device_model_for(gm)
+    eager = _eager_baseline(gm, num_fwd_outputs, static_input_indices, dev, reference, ends_at_break)
+    jg = analyze(gm, num_fwd_outputs, static_input_indices, dev, backend, ends_at_break=ends_at_break)
+    eager = replace(eager, floor_bytes=floor_bytes(jg.schedule))
+    decided = decisions(jg, options, backend).relaxed()
+    index = {f.name: i for i, f in enumerate(jg.facts)}
+    saved = sorted({index[n] for n in saved_names if n in index})
+    unknown = [n for n in saved_names if n not in index]
+    problem = decided.problem(jg)
+    free = {v for v in range(problem.n) if problem.cost[v] == 0 and v in problem.no_recompute}
+    recomputed = recompute_closure(problem, set(saved) | free)
+    notes = [f"{origin}: the plan of its partition"]
+    if recomputed is None:  # remat's rules forbid recomputing something it recomputes
+        recomputed = recompute_closure(replace(problem, no_recompute={}), set(saved) | free) or []
+        notes.append("it recomputes values remat's rules would save")
+    if unknown:
+        notes.append(f"{len(unknown)} saved values it made itself are not listed ({', '.join(unknown[:4])})")
+    plan = build_plan(jg, saved, recomputed, decided, eager)
+    return replace(plan, origin=origin, notes=(*plan.notes, "; ".join(notes)))

@@ -179,7 +179,7 @@ class EagerBackend(Backend):
         return None
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[Any], None] | None = None) -> Any:
+                on_peak: Callable[[Any], None] | None = None, *, stock: bool = False) -> Any:
         def split(joint: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
             dropout_from_mask(joint)
             return partition(joint, *args, **kwargs)

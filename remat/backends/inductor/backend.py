@@ -51,11 +51,11 @@ class InductorBackend(Backend):
         return index_sources(nodes)
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[Reading], None] | None = None) -> Any:
+                on_peak: Callable[[Reading], None] | None = None, *, stock: bool = False) -> Any:
         check_torch_version()
         reading = _StepReading(on_peak) if on_peak is not None else None
         with inductor_partitioner(partition):
-            return compile_fx(gm, example_inputs, reading.on_graph if reading else None)
+            return compile_fx(gm, example_inputs, reading.on_graph if reading else None, keep_casts=not stock)
 
 
 class _StepReading:

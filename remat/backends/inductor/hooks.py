@@ -48,7 +48,7 @@ GraphNames = tuple[list[str | None], list[str], set[str]]
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Any,
-               on_graph: Callable[[bool, GraphNames, Any], None] | None = None) -> Any:
+               on_graph: Callable[[bool, GraphNames, Any], None] | None = None, *, keep_casts: bool = True) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
     ``inner_compile`` argument (``compile_fx_inner``; ``versions.HOOKS["compile_fx"]``). Its
     ``config_patches`` and ``inner_compile`` also apply to the backward, which AOTAutograd
@@ -58,7 +58,9 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
     meta nor the fusion choices (``versions.HOOKS["inductor_caches_off"]``). ``on_graph(is_backward,
     (output names, input names, 0-dim inputs), trace)`` receives each training graph's memory plan
     (``wrapper_reading.read_allocations``); ``is_backward`` and ``is_inference`` are
-    ``compile_fx_inner``'s keyword arguments."""
+    ``compile_fx_inner``'s keyword arguments. ``keep_casts=False`` compiles with Inductor's own
+    precision (torch.compile's partition measured as a candidate, ``remat.tuning``: no remat
+    recompute for its casts to matter)."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -74,9 +76,9 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
         return result
 
     patches: dict[str, Any] = {"fx_graph_cache": False}
-    if hasattr(inductor_config, "emulate_precision_casts"):
+    if keep_casts and hasattr(inductor_config, "emulate_precision_casts"):
         patches["emulate_precision_casts"] = True
-    else:
+    elif keep_casts:
         drift("recompute_precision", "torch._inductor.config.emulate_precision_casts")
     return _compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
 

@@ -1,0 +1,176 @@
+"""Compiling a graph's candidate plans and measuring them on the user's steps (``remat.tuning``).
+
+``compile_tuned`` compiles, from copies of the captured graph taken first: the plan prediction
+chooses (the default plan, or a budget's choice; its frontier planned with it), up to
+``Tuning.frontier`` smaller frontier plans (``remat.planning.measured``), and torch.compile's own
+partition of the same graph (``Tuning.compile_candidate``), each with its backward compiled at
+once so that its peak is read before any step runs. Under a budget a candidate whose read peak
+misses it is not measured. The callable handed to Dynamo is a ``TunedGraph``
+(``remat.capture.measure``): it runs the candidates round-robin on the first training steps and
+keeps the smallest within ``Tuning.tolerance`` of the fastest. The graph's plan
+(``compiled_plans``) is the prediction's until then, and the winner's after, with every
+candidate's measurement (``Plan.measured``) and the reason (``Plan.chosen_by``).
+
+With ``Tuning.cache`` the decision is kept on disk (``remat.planning.decision_cache``), keyed by
+the graph's code and inputs, the options, the device and the torch version; the next run of
+the same script compiles only the chosen candidate. A cached choice that planning no longer
+produces is measured again.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+
+from ..core.selection import Selection
+from ..plan import Plan
+from ..plan_data import PlanKey
+from ..planning.decision_cache import Decision, DecisionCache, decision_key
+from ..planning.measured import measured_picks
+from ..tuning import Tuning
+from .graph_copy import copy_graph
+from .measure import TunedGraph, timer_for
+from .partition import STOCK
+
+__all__ = ["compile_tuned", "graph_key"]
+
+
+class _Compiler(Protocol):
+    """What ``compile_tuned`` needs of ``remat.capture.dynamo_backend.RematBackend``."""
+
+    plans: list[Plan]
+    frontiers: list[tuple[Plan, ...] | None]
+    readings: dict[int, Any]
+    options: Any
+
+    def compile_plan(self, gm: fx.GraphModule, example_inputs: list[Any], *, pick: PlanKey | None = None,
+                     stock: bool = False, want_frontier: bool = False, backward_now: bool = False) -> Any: ...
+
+
+@dataclass
+class _Entry:
+    """One compiled candidate: its name, the callable Dynamo runs, its plan and its reading."""
+
+    name: str
+    run: Callable[..., Any]
+    plan: Plan
+    reading: Any = None
+
+    @property
+    def peak(self) -> int:
+        return self.plan.predicted_peak_bytes
+
+
+def _device(example_inputs: list[Any]) -> tuple[str, str]:
+    """(device type, device name) of the graph's inputs: the GPU's name, or the CPU's."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            return "cuda", torch.cuda.get_device_name(t.device)
+    return "cpu", platform.processor() or platform.machine()
+
+
+def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options: Any, tuning: Tuning) -> str:
+    """The decision cache's key of a graph (``remat.planning.decision_cache``)."""
+    inputs = [(tuple(t.shape), tuple(t.stride()), str(t.dtype), t.device.type, t.requires_grad)
+              if isinstance(t, torch.Tensor) else repr(t) for t in example_inputs]
+    opts = (f"backend={options.backend} budget={options.budget} "
+            f"policy={[r.name for r in options.policy]} frontier={tuning.frontier} "
+            f"tolerance={tuning.tolerance} compile_candidate={tuning.compile_candidate}")
+    return decision_key(gm.code + repr(inputs), _device(example_inputs)[1], torch.__version__, opts)
+
+
+def _take(rb: _Compiler, k: int, name: str, run: Callable[..., Any]) -> _Entry:
+    """The plan (and reading) graph index ``k`` just got, removed so that the next candidate's
+    compile plans at ``k`` too."""
+    plan = rb.plans.pop(k)
+    del rb.frontiers[k:]
+    return _Entry(name, run, plan, rb.readings.pop(k, None))
+
+
+def _put(rb: _Compiler, k: int, entry: _Entry, **changes: Any) -> None:
+    rb.plans.insert(k, replace(entry.plan, **changes))
+    rb.frontiers.insert(k, None)
+    if entry.reading is not None:
+        rb.readings[k] = entry.reading
+
+
+def _name(plan: Plan) -> str:
+    return f"remat {plan.origin or 'default'}"
+
+
+def _cached(rb: _Compiler, k: int, gm: fx.GraphModule, example_inputs: list[Any], hit: Decision) -> Any:
+    """The cached choice compiled alone; None (and nothing kept) when planning no longer has it."""
+    stock = hit.name == STOCK
+    run = rb.compile_plan(gm, example_inputs, stock=stock, pick=None if stock else hit.chosen)
+    if k >= len(rb.plans) or (not stock and rb.plans[k].key != hit.chosen):
+        del rb.plans[k:], rb.frontiers[k:]
+        rb.readings.pop(k, None)
+        return None
+    table = ", ".join(f"{n} {s * 1e3:.3f} ms" for n, s, _ in hit.table)
+    rb.plans[k] = replace(rb.plans[k], measured=hit.table, chosen_by=f"decision cache: {hit.reason}",
+                          notes=(*rb.plans[k].notes, f"chosen by an earlier run's measurement ({table})"))
+    return run
+
+
+def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], tuning: Tuning) -> Any:
+    """Compile the graph's candidates and return the callable that measures them (module
+    docstring); a graph that cannot be copied, or whose planning fell back, is compiled once."""
+    k = len(rb.plans)
+    copies = [copy_graph(gm) for _ in range(tuning.frontier + tuning.compile_candidate + 1)]
+    if any(c is None for c in copies):
+        return rb.compile_plan(gm, example_inputs)
+    cache = DecisionCache(tuning.cache_dir) if tuning.cache else None
+    key = graph_key(gm, example_inputs, rb.options, tuning)
+    hit = cache.load(key) if cache is not None else None
+    if hit is not None:
+        run = _cached(rb, k, copies.pop(), example_inputs, hit)
+        if run is not None:
+            return run
+    first = rb.compile_plan(gm, example_inputs, want_frontier=True, backward_now=True)
+    if k >= len(rb.plans) or rb.plans[k].fallback:
+        return first
+    frontier = rb.frontiers[k] or ()
+    entries = [_take(rb, k, _name(rb.plans[k]), first)]
+    chosen = entries[0].plan
+    for p in measured_picks(chosen, frontier, tuning.frontier, chosen.budget_bytes):
+        run = rb.compile_plan(copies.pop(), example_inputs, pick=p.key, backward_now=True)
+        if k < len(rb.plans) and rb.plans[k].key == p.key:
+            entries.append(_take(rb, k, _name(rb.plans[k]), run))
+        else:
+            del rb.plans[k:], rb.frontiers[k:]
+            rb.readings.pop(k, None)
+    if tuning.compile_candidate:
+        run = rb.compile_plan(copies.pop(), example_inputs, stock=True, backward_now=True)
+        if k < len(rb.plans):
+            entries.append(_take(rb, k, STOCK, run))
+    if chosen.budget_bytes is not None:  # a candidate read over the budget is not measured
+        entries = [e for i, e in enumerate(entries) if i == 0 or e.peak <= chosen.budget_bytes]
+    if len(entries) == 1:
+        _put(rb, k, entries[0])
+        return first
+    names = ", ".join(e.name for e in entries)
+    _put(rb, k, entries[0], notes=(*entries[0].plan.notes, f"measuring {len(entries)} candidates on the first "
+                                   f"training steps ({names}); this plan runs until then"))
+
+    def decided(index: int, selection: Selection) -> None:
+        winner = entries[index]
+        table = tuple((m.name, m.median, m.peak_bytes) for m in selection.measured)
+        shown = ", ".join(f"{n} {s * 1e3:.3f} ms / {b / 2**20:.1f} MiB" for n, s, b in table)
+        rb.plans[k] = replace(winner.plan, measured=table, chosen_by=f"measured: {selection.reason}",
+                              notes=(*winner.plan.notes, f"measured on the first training steps ({shown}): "
+                                     f"{selection.reason}"))
+        rb.readings.pop(k, None)
+        if winner.reading is not None:
+            rb.readings[k] = winner.reading
+        if cache is not None:
+            cache.store(key, Decision(winner.plan.key, winner.name, selection.reason, table))
+
+    device = _device(example_inputs)[0]
+    return TunedGraph([(e.name, e.run, lambda e=e: e.peak) for e in entries], timer_for(device),
+                      tuning.samples, tuning.tolerance, decided)
+

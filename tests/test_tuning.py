@@ -1,0 +1,185 @@
+"""Plans chosen by measured time (``remat.tuning``, issue 25), on CPU with the uncompiled backend
+and an injected clock: candidates compiled, measured on the user's own steps with gradients
+equal to eager autograd's, BatchNorm statistics updated once per step, the random generator
+advanced as eager advances it, the winner kept, and the decision cached."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat.capture import measure, tuned
+from remat.capture.partition import STOCK
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 64)
+        self.bn = nn.BatchNorm1d(64)
+        self.drop = nn.Dropout(0.2)
+        self.fc2 = nn.Linear(64, 16)
+        self.fc3 = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.drop(torch.tanh(self.bn(self.fc1(x))) * torch.sigmoid(x.sum(-1, keepdim=True)))
+        y = self.fc2(h).sin().cos() + x
+        return self.fc3(y).tanh()
+
+
+class Clock:
+    """Time moves only when a candidate runs: by the cost the test gives its name."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def mark(self):
+        return self.now
+
+    def seconds(self, start, end):
+        return end - start
+
+
+@pytest.fixture
+def costs(monkeypatch):
+    """Candidate name -> seconds each of its forward calls takes on the fake clock."""
+    clock, table = Clock(), {}
+    real = measure.TunedGraph
+
+    def tuned_graph(candidates, timer, samples, tolerance, on_decided):
+        def slowed(name, run):
+            def call(*args):
+                clock.now += table.get(name, table.get("*", 1.0))
+                return run(*args)
+            return call
+        return real([(n, slowed(n, r), p) for n, r, p in candidates], clock, samples, tolerance, on_decided)
+
+    monkeypatch.setattr(tuned, "TunedGraph", tuned_graph)
+    return table
+
+
+def steps(model, n, seed=0):
+    """n training steps; the loss, input gradient and parameter gradients of each."""
+    out = []
+    torch.manual_seed(seed)
+    for i in range(n):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i), requires_grad=True)
+        for p in model.parameters():
+            p.grad = None
+        loss = model(x).square().mean()
+        loss.backward()
+        out.append((loss.detach(), x.grad.clone(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    return out
+
+
+def assert_steps_equal(got, ref):
+    for (l1, x1, g1), (l2, x2, g2) in zip(got, ref):
+        torch.testing.assert_close(l1, l2)
+        torch.testing.assert_close(x1, x2)
+        for k in g2:
+            torch.testing.assert_close(g1[k], g2[k], msg=k)
+
+
+def tuned_model(base, tmp_path, **tuning):
+    return remat.checkpoint(copy.deepcopy(base), backend="eager",
+                            tune=remat.Tuning(devices=("*",), samples=2, cache_dir=str(tmp_path), **tuning))
+
+
+def test_measures_on_the_users_steps_and_keeps_the_fastest(costs, tmp_path):
+    costs.update({"*": 1.0, STOCK: 0.5})  # torch.compile's partition is twice as fast
+    torch.manual_seed(0)
+    base = Net()
+    ref_model, model = copy.deepcopy(base), tuned_model(base, tmp_path)
+    k = 3  # the default plan, one smaller frontier plan, torch.compile's partition
+    n = k * 3 + 2  # each candidate once untimed and twice timed, then the winner
+    assert_steps_equal(steps(model, n), steps(ref_model, n))
+    for (_, a), (_, b) in zip(model.named_buffers(), ref_model.named_buffers()):
+        torch.testing.assert_close(a, b)  # BatchNorm: one update per step, as eager
+    (plan,) = remat.compiled_plans(model)
+    names = [m[0] for m in plan.measured]
+    assert names[0] == "remat default" and names[2] == STOCK
+    assert names[1] in {"remat hull", "remat segments", "remat nested"}  # the frontier's smaller plan
+    assert plan.origin == STOCK and plan.chosen_by.startswith(f"measured: {STOCK} is the fastest")
+    assert plan.measured[2][1] == pytest.approx(0.5) and plan.measured[0][1] == pytest.approx(1.0)
+    assert any("measured on the first training steps" in n for n in plan.notes)
+
+
+def test_the_smallest_plan_within_tolerance_wins(costs, tmp_path):
+    costs.update({"*": 1.0})  # all equally fast: the smallest predicted peak wins
+    torch.manual_seed(0)
+    model = tuned_model(Net(), tmp_path)
+    steps(model, 11)
+    (plan,) = remat.compiled_plans(model)
+    peaks = {name: peak for name, _, peak in plan.measured}
+    assert plan.predicted_peak_bytes == min(peaks.values())
+    (smaller,) = [n for n in peaks if n not in ("remat default", STOCK)]
+    assert peaks[smaller] < peaks["remat default"]
+    assert plan.origin == smaller.removeprefix("remat ")
+
+
+def test_the_decision_is_cached(costs, tmp_path, monkeypatch):
+    costs.update({"*": 1.0, STOCK: 0.5})
+    torch.manual_seed(0)
+    base = Net()
+    steps(tuned_model(base, tmp_path), 11)
+    compiles = []
+    real = remat.backends.eager.backend.EagerBackend.compile
+
+    def counted(self, *args, **kwargs):
+        compiles.append(kwargs.get("stock", False))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(remat.backends.eager.backend.EagerBackend, "compile", counted)
+    torch._dynamo.reset()
+    again, ref = tuned_model(base, tmp_path), copy.deepcopy(base)
+    assert_steps_equal(steps(again, 3), steps(ref, 3))
+    assert compiles == [True]  # only the chosen candidate, torch.compile's partition
+    (plan,) = remat.compiled_plans(again)
+    assert plan.chosen_by.startswith("decision cache:") and plan.origin == STOCK
+    assert len(plan.measured) == 3
+
+
+def test_no_tuning_without_the_option_or_on_cpu_by_default(costs, tmp_path):
+    torch.manual_seed(0)
+    base = Net()
+    for model in (remat.checkpoint(copy.deepcopy(base), backend="eager"),
+                  remat.checkpoint(copy.deepcopy(base), backend="eager", tune=False)):
+        steps(model, 3)
+        (plan,) = remat.compiled_plans(model)
+        assert plan.measured == () and plan.chosen_by == ""
+
+
+def test_tune_option_is_validated():
+    with pytest.raises(remat.RematError, match="tune must be"):
+        remat.checkpoint(nn.Linear(2, 2), tune="always")
+    with pytest.raises(remat.RematError, match="samples"):
+        remat.Tuning(samples=0)
+    with pytest.raises(remat.RematError, match="tolerance"):
+        remat.Tuning(tolerance=1.5)
+
+
+def test_a_copy_of_the_graph_plans_parameters_as_the_original_does():
+    # A copy of Dynamo's graph (a budget's re-plan, a measured candidate) keeps what tells
+    # AOTAutograd its parameters from its inputs: planned, it gives the original's plan.
+    from remat.capture.dynamo_backend import RematBackend
+    from remat.capture.graph_copy import copy_graph
+    from remat.options import Options
+
+    plans = []
+
+    def both(gm, example_inputs):
+        for g in (copy_graph(gm), gm):
+            rb = RematBackend(Options(backend="eager"), want_frontier=True)
+            rb.compile_plan(g, example_inputs)
+            plans.append((rb.plans[0], rb.frontiers[0]))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(Net(), backend=both)(torch.randn(8, 16, requires_grad=True))
+    (copied, copied_frontier), (plan, frontier) = plans
+    roles = {s.name: s.reason for s in plan.saved}
+    assert "parameter" in roles.values()
+    assert copied.key == plan.key and {s.name: s.reason for s in copied.saved} == roles
+    assert [p.key for p in copied_frontier] == [p.key for p in frontier]
