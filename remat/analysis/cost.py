@@ -75,6 +75,13 @@ def flops(op: str, out: object, ins: list[object]) -> int:
     if packet in ("aten.bmm", "aten.baddbmm") and len(o) == 3 and shapes:
         a = shapes[-2] if packet == "aten.baddbmm" and len(shapes) >= 3 else shapes[0]
         return 2 * o[0] * o[1] * o[2] * (a[-1] if a else 0)
+    if packet in ("aten._grouped_mm", "aten._scaled_grouped_mm") and len(shapes) >= 2 and shapes[0]:
+        # Mixture-of-experts GEMMs, one per group: every output element sums over the first
+        # operand's last dim, except when both operands are 2-D (the weight gradient: a 3-D output,
+        # one matrix per group, whose groups together sum over the tokens once).
+        k = shapes[0][-1]
+        per_group = numel(out) // o[0] if len(shapes[0]) == len(shapes[1]) == 2 and len(o) == 3 and o[0] else numel(out)
+        return 2 * per_group * k
     if packet in ("aten.convolution", "aten._convolution") and len(shapes) >= 2:
         w = shapes[1]
         per_out = 1

@@ -22,7 +22,7 @@ def _aten(names: str) -> frozenset[str]:
 
 
 MATMUL_OPS = _aten(
-    "mm addmm bmm baddbmm matmul mv addmv dot vdot _int_mm _scaled_mm convolution "
+    "mm addmm bmm baddbmm matmul mv addmv dot vdot _int_mm _scaled_mm _grouped_mm _scaled_grouped_mm convolution "
     "_convolution conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d "
     "cudnn_convolution cudnn_convolution_transpose mkldnn_convolution miopen_convolution "
     "_weight_int4pack_mm _weight_int8pack_mm linear"
