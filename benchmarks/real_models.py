@@ -106,7 +106,7 @@ from zoo import Workload  # noqa: E402, F401  (re-exported: tests build workload
 
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 """The four models of the headline table (``render_real_models.MODELS``); ``zoo.SUITE`` has them all."""
-STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat b0.75",
+STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat untuned", "remat b0.75",
               "remat b0.5", "remat b0.3", "remat @ckpt peak")
 ANCHORS = ("eager", "eager+ckpt", "compile b0.5", "compile+ckpt")
 NORMAL = ("eager", "compile", "remat", "remat b0.75", "remat b0.5", "remat b0.3", "remat @ckpt peak")
@@ -139,6 +139,8 @@ def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, co
         return torch.compile(wl.with_ckpt(model), **ck), nothing
     if name == "remat":
         return remat.checkpoint(model, **rk), nothing
+    if name == "remat untuned":  # the plan prediction chose, nothing measured (tune=False)
+        return remat.checkpoint(model, **{**rk, "tune": False}), nothing
     if name.startswith("remat b"):
         return remat.checkpoint(model, **{"budget": float(name[len("remat b"):]), **rk}), nothing
     if name == "remat @ckpt peak":
@@ -240,6 +242,10 @@ def plan_fields(fn: Callable) -> dict:
         "fallback": [p.fallback for p in plans if p.fallback],
         "budget_mib": [p.budget_bytes / MiB if p.budget_bytes else None for p in plans],
         "recompute_counts": [p.recompute_counts() for p in plans],
+        # measured plans (remat.tuning): each graph's candidates (name, median s, peak bytes) and winner
+        "origin": [p.origin for p in plans],
+        "chosen_by": [p.chosen_by for p in plans],
+        "measured": [[list(m) for m in p.measured] for p in plans],
     }
     if len(plans) > 1:
         row["predicted_peak_sum_mib"] = sum(p.predicted_peak_bytes for p in plans) / MiB
@@ -248,11 +254,34 @@ def plan_fields(fn: Callable) -> dict:
     return row
 
 
+def tuning_pending(fn: Callable) -> bool:
+    """Whether a graph of ``fn`` still measures its candidate plans on the training steps."""
+    return any(not p.chosen_by and any(n.startswith("measuring ") for n in p.notes)
+               for p in remat.compiled_plans(fn))
+
+
+def finish_tuning(fn: Callable, model: nn.Module, wl: Workload, device: torch.device, limit: int = 60) -> dict:
+    """Step until every graph of ``fn`` has chosen its plan by measurement (at most ``limit``
+    steps): the steps' count and wall time, the first-step cost tuning adds on top of compiling."""
+    sync(device)
+    t0, n = time.perf_counter(), 0
+    while tuning_pending(fn) and n < limit:
+        step(fn, model, wl)
+        n += 1
+    sync(device)
+    return {"tuning_steps": n, "tuning_s": time.perf_counter() - t0, "tuning_done": not tuning_pending(fn)}
+
+
 def unique_graphs() -> int | None:
     try:
         return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     except Exception:
         return None
+
+
+def tune_kw(tune: str | None) -> dict:
+    """remat's ``tune=`` for ``--tune``: ``everywhere`` measures on any device (a CPU smoke run)."""
+    return {"tune": remat.Tuning(devices=("*",))} if tune == "everywhere" else {}
 
 
 def backend_kw(backend: str | None) -> dict:
@@ -265,7 +294,7 @@ def measure(name: str, wl: Workload, args, device, ref: list | None, ckpt_peak: 
     compiled step stays alive there (``kept[name] = (fn, model)``) for ``interleave``."""
     model = copy.deepcopy(wl.model)
     fn, ctx = make(name, model, wl, ckpt_peak, compile_kw=backend_kw(args.compile_backend),
-                   remat_kw=backend_kw(args.remat_backend))
+                   remat_kw={**backend_kw(args.remat_backend), **tune_kw(args.tune)})
     row: dict[str, Any] = {"strategy": name, "status": "ok"}
     prof = None
     with ctx, warnings.catch_warnings(record=True) as caught:
@@ -280,6 +309,8 @@ def measure(name: str, wl: Workload, args, device, ref: list | None, ckpt_peak: 
             row["dynamo_graphs"] = unique_graphs()
         for _ in range(args.warmup):
             step(fn, model, wl)
+        if name.startswith("remat"):  # measured plans (remat.tuning): step on until every graph chose
+            row.update(finish_tuning(fn, model, wl, device))
         sync(device)
         g = seeded_grads(fn, model, wl, 1234)
         if ref is not None:
@@ -660,6 +691,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="do not add torch.compile as the reference of the ratios (saves its compile time)")
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile's backend (default inductor); aot_eager keeps a CPU smoke run short")
+    parser.add_argument("--tune", default=None, choices=("everywhere",),
+                        help="measure remat's candidate plans on any device (default: on CUDA only)")
     parser.add_argument("--remat-backend", default=None, choices=("inductor", "eager"),
                         help="remat's backend (default inductor); eager runs the split graphs uncompiled")
     parser.add_argument("--warmup", type=int, default=None)

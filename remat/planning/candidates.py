@@ -137,8 +137,8 @@ def _hull_plans(jg: JointGraph, relaxed: Decisions, known: list[Candidate], eage
     out: list[Candidate] = []
     for v in hull(relaxed.problem(jg)):
         if all(v.saved != c.saved for c in (*known, *out)):
-            out.append(Candidate(v.saved, v.recomputed, build_plan(jg, v.saved, v.recomputed, relaxed, eager),
-                                 Origin.HULL))
+            plan = replace(build_plan(jg, v.saved, v.recomputed, relaxed, eager), origin=Origin.HULL.value)
+            out.append(Candidate(v.saved, v.recomputed, plan, Origin.HULL))
     return out
 
 
