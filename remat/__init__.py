@@ -9,12 +9,16 @@ from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematErro
 from .options import Options
 from .plan import Frontier, Plan, SavedTensor
 from .policy import MUST_RECOMPUTE, MUST_SAVE, Decision, OpInfo, Rule, recompute, save
+from .core.regime import Regime
+from .regime import regime
 from .tuning import Tuning
 
 __all__ = [
     "checkpoint",
     "explain",
     "pareto",
+    "regime",
+    "Regime",
     "Frontier",
     "Budget",
     "compiled_plans",

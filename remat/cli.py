@@ -1,4 +1,5 @@
-"""The command line: ``python -m remat explain path/to/file.py:factory [options]``.
+"""The command line: ``python -m remat explain path/to/file.py:factory [options]`` (and
+``python -m remat regime path/to/file.py:factory``: where one training step's time goes).
 
 factory() takes no arguments and returns (model, example_args) or (model, example_args,
 example_kwargs); example_args is a tuple (or one tensor). The model may be wrapped with
@@ -104,7 +105,25 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--budget", metavar="BUDGET",
                     help="plan under a peak-memory budget: bytes (6GiB, 800MB, 1000000) or a fraction of "
                          "eager's predicted peak (0.5)")
+    rg = sub.add_parser("regime", help="profile one training step of FILE.py:FACTORY: compute, bandwidth, overhead",
+                        description="Run FILE.py:FACTORY's model for one warm-up step and one profiled training "
+                                    "step (the model is left as it was) and print where the step's time went: "
+                                    "compute kernels (with achieved FLOP/s), bandwidth-bound kernels, overhead.")
+    rg.add_argument("target", metavar="FILE.py:FACTORY")
+    rg.add_argument("--warmup", type=int, default=1, help="steps run before the profiled one (default 1)")
+    rg.add_argument("--json", action="store_true", help="print the regime as JSON")
     return parser
+
+
+def _regime(ns: argparse.Namespace) -> None:
+    import dataclasses
+    import json
+
+    from .regime import regime
+
+    model, args, kwargs = call_factory(load_factory(ns.target), ns.target)
+    found = regime(model, *args, warmup=ns.warmup, **kwargs)
+    print(json.dumps(dataclasses.asdict(found), indent=1) if ns.json else found)
 
 
 def _budget(text: str | None) -> int | float | str | None:
@@ -144,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     ns = _parser().parse_args(argv)
     try:
-        _explain(ns)
+        (_regime if ns.command == "regime" else _explain)(ns)
     except RematError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from ..options import Options
 from .dynamo_backend import RematBackend
 from .wrap import backend_of, compiled_entry, remat_modules, rethrow_remat_errors
 
-__all__ = ["probe"]
+__all__ = ["probe", "untouched"]
 
 
 def _with_overrides(options: Options, overrides: dict[str, Any]) -> Options:
@@ -76,7 +76,7 @@ def _version(t: torch.Tensor | None) -> int:
 
 
 @contextlib.contextmanager
-def _untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
+def untouched(model: Any, args: tuple, kwargs: dict) -> Iterator[None]:
     """Leave the model as it was: ``explain`` runs its forward once (Dynamo runs each captured
     graph, and the code between graph breaks, on the real tensors), which updates BatchNorm's
     running statistics and ``num_batches_tracked``, draws from the random generators (dropout)
@@ -127,7 +127,7 @@ def probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], want
     if isinstance(model, nn.Module):
         subs = remat_modules(model)
         if subs and subs[0] is not model:
-            with _untouched(model, args, kwargs):
+            with untouched(model, args, kwargs):
                 found = _probe_blocks(model, subs, args, kwargs, overrides, want_frontier)
             return _found_graphs(found)
     rb = backend_of(model)
@@ -138,7 +138,7 @@ def probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], want
     else:
         fn = getattr(model, "__wrapped__", model) if rb is not None else model
         compiled = rethrow_remat_errors(torch.compile(fn, backend=explainer, dynamic=options.dynamic), fn)
-    with _untouched(model, args, kwargs), torch.enable_grad(), distributed.unsplit_by_ddp():
+    with untouched(model, args, kwargs), torch.enable_grad(), distributed.unsplit_by_ddp():
         compiled(*args, **kwargs)
     return _found_graphs(explainer)
 
