@@ -22,7 +22,7 @@ from ..logs import planning, warn_at_user
 from ..options import Options
 from ..plan import Plan, format_bytes
 from ..plan_data import PlanKey
-from ..planning.choice import Attempt, compile_within_budget
+from ..planning.choice import Attempt, Earlier, compile_within_budget
 from ..tuning import Tuning
 from . import buckets
 from .graph_copy import copy_graph
@@ -102,9 +102,17 @@ class RematBackend:
         """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
         self.readings: dict[int, Any] = {}
         """Plan index -> ``remat.core.allocations.Reading`` of its compiled graphs (Inductor)."""
+        self._step_start = 0
+        """Index of the first plan compiled in the current step (``begin_step``): the plans from
+        there on are the graphs the step ran before the one being compiled (Note [Step budget])."""
         self._hands_over: set[int] = set()
         """Plan indices of graphs Dynamo ended at a graph break: their outputs go to the code
         that resumes after it, not to the caller (Note [What the caller holds])."""
+
+    def begin_step(self) -> None:
+        """A training step of the wrapped model starts: graphs compiled from now on share its
+        budget with each other, not with graphs of an earlier step (a recompile's)."""
+        self._step_start = len(self.plans)
 
     def _apply_readings(self) -> None:
         """Give each plan the peak read from its compiled graphs, under the caller the step's
@@ -218,8 +226,11 @@ class RematBackend:
         pristine = copy_graph(gm) if replans else None  # to compile again from: Inductor changes gm
         compiled = None
 
+        earlier = Earlier.of(self.plans[self._step_start:k], self.frontiers[self._step_start:k])  # Note [Step budget]
+
         def compile_once(attempt: Attempt) -> Plan | None:
             nonlocal gm, pristine, compiled
+            attempt = replace(attempt, earlier=earlier)
             if attempt.compiles:  # the last compile missed the budget: its plan goes
                 del self.plans[k:], self.frontiers[k:]
                 self.readings.pop(k, None)

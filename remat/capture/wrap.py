@@ -242,6 +242,7 @@ def _install(wrapped: nn.Module, model: nn.Module, rb: RematBackend) -> None:
         # Eval mode runs the module as written: no joint graph is planned for inference.
         if not module.training:
             return module._call_impl(*args, **kwargs)
+        rb.begin_step()  # Note [Step budget]
         with distributed.remat_splits_ddp(rb):
             out = compiled(module, *args, **kwargs)
         return _finish(rb, out, 3)  # call <- Module.__call__ <- user
@@ -324,6 +325,7 @@ def wrap_function(fn: Callable[..., Any], rb: RematBackend) -> Callable[..., Any
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
+        rb.begin_step()  # Note [Step budget]
         with distributed.remat_splits_ddp(rb):
             out = compiled(*args, **kwargs)
         return _finish(rb, out, 2)  # run <- user

@@ -1,0 +1,84 @@
+"""A budget bounds the training step, not each graph (Note [Step budget], issue 27 item 1): with a
+graph break the second graph's share is the budget less what the first graph saves, so an
+accepted budget is kept as measured (CPU allocation peak) or raises, naming what the earlier
+graphs hold; never a step silently over its budget."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat import compat
+
+
+class TwoStacks(nn.Module):
+    """Two MLP stacks with a data-dependent branch between them: Dynamo breaks it into two graphs."""
+
+    def __init__(self, width=256, depth=4):
+        super().__init__()
+        self.a = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())])
+        self.b = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())])
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h).square().mean()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    base, x = TwoStacks(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager")
+    default = compat.measure_cpu_peak_bytes(lambda: m(x).backward())
+    assert len(remat.compiled_plans(m)) == 2
+    return base, x, default
+
+
+def _run(base, x, budget):
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", budget=budget)
+    ref = copy.deepcopy(base)
+    measured = compat.measure_cpu_peak_bytes(lambda: m(x).backward())
+    ref(x).backward()
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    return m, measured
+
+
+def test_an_accepted_budget_is_kept_by_the_whole_step(setup):
+    base, x, default = setup
+    budget = default  # the default plan's measured peak: the first graph's default plan leaves room
+    m, measured = _run(base, x, budget)
+    plans = remat.compiled_plans(m)
+    assert measured <= budget * 1.02, (measured, budget)
+    # the second graph's share is the budget less what the first graph saves
+    assert plans[0].budget_bytes == budget
+    assert plans[1].budget_bytes == budget - plans[0].saved_bytes
+    assert remat.Plan.combine(plans).predicted_peak_bytes <= budget
+
+
+def test_a_budget_the_step_cannot_keep_raises_naming_the_earlier_graphs(setup):
+    base, x, default = setup
+    with pytest.raises(remat.InfeasibleBudgetError) as info:
+        _run(base, x, int(0.7 * default))  # each graph fits alone; the step does not
+    text = str(info.value)
+    assert text.startswith("remat: the step's budget of") and "graph 2 of the step" in text
+    assert "the 1 graph(s) before it save" in text and "Raise the budget to at least" in text
+
+
+def test_a_new_step_does_not_count_an_earlier_steps_graphs(setup):
+    # A recompile (here: a new batch size, dynamic=False) plans in a new step: the graphs of the
+    # first step are not alive while it runs.
+    base, x, default = setup
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", budget=default, dynamic=False)
+    m(x).backward()
+    m(x[:256]).backward()
+    plans = remat.compiled_plans(m)
+    assert len(plans) == 4
+    assert plans[2].budget_bytes == default
+    assert plans[3].budget_bytes == default - plans[2].saved_bytes
