@@ -37,7 +37,7 @@ RUN_GLOB = "real-models-h200*.json"
 ANCHORS = "anchors-h200-torch{version}.json"
 FIGURE = "real-models-frontier-{model}.png"
 MODELS = ("gpt2", "llama", "vit", "resnet50")
-STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat b0.75",
+STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat untuned", "remat b0.75",
               "remat b0.5", "remat b0.3", "remat @ckpt peak")
 """The table's order: ``real_models.STRATEGIES`` (a test keeps the two equal)."""
 NAMES = {"gpt2": "HF GPT-2 124M", "llama": "HF Llama (1024 wide, 12 layers)", "vit": "timm ViT-B/16",
