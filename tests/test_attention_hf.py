@@ -16,7 +16,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import remat

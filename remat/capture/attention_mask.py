@@ -152,8 +152,8 @@ def classify_mask(mask: fx.Node, q_len: int, k_len: int, q_dtype: torch.dtype) -
         value = _evaluate(cone, metadata)
     except Exception as e:  # noqa: BLE001 - a mask remat cannot evaluate stays as it is
         return MaskVerdict(MaskKind.OTHER, f"could not be evaluated ({type(e).__name__})")
-    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(val.shape):
-        return MaskVerdict(MaskKind.OTHER, "evaluated to another shape than Dynamo's")
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(val.shape) or value.dtype != val.dtype:
+        return MaskVerdict(MaskKind.OTHER, "evaluated to another shape or dtype than Dynamo's")
     full = torch.ones(q_len, k_len, dtype=torch.bool, device=value.device)
     if _matches(value, full):
         return MaskVerdict(MaskKind.NONE)
