@@ -36,7 +36,7 @@ attention's."""
 
 # --- the pass on small modules ------------------------------------------------------------------
 
-def _captured(fn, *inputs):
+def _captured(fn, *inputs, dynamic=False):
     """``fn``'s Dynamo graph after the pass, its report, and its output."""
     seen = {}
 
@@ -46,7 +46,7 @@ def _captured(fn, *inputs):
         return gm.forward
 
     torch._dynamo.reset()
-    out = torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
+    out = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*inputs)
     return seen["gm"], seen["report"], out
 
 
@@ -87,6 +87,16 @@ def test_the_causal_triangle_becomes_is_causal(additive):
     assert _sdpa(gm).kwargs["attn_mask"] is None and _sdpa(gm).kwargs["is_causal"] is True
     assert report.causal == 1
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=0, atol=1e-6)
+
+
+def test_a_mask_of_a_dynamic_length_is_left_alone():
+    def f(q, k, v):
+        i = torch.arange(q.shape[-2], device=q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=i[None, :] <= i[:, None])
+
+    gm, report, out = _captured(f, *_qkv(), dynamic=True)
+    assert isinstance(_sdpa(gm).kwargs["attn_mask"], torch.fx.Node) and report.rewritten == 0
+    assert "dynamic" in report.note()
 
 
 def test_a_mask_from_an_input_is_left_alone():

@@ -102,6 +102,10 @@ def _shape(x: object) -> tuple[int, ...] | None:
     return tuple(val.shape)
 
 
+def _is_tensor(x: object) -> bool:
+    return isinstance(x, fx.Node) and isinstance(x.meta.get("example_value"), torch.Tensor)
+
+
 class _Rewriter:
     """One graph's rewrite: masks classified once each, then each call's arguments changed."""
 
@@ -118,6 +122,9 @@ class _Rewriter:
         args = _arguments(node)
         q = _shape(args["query"]) if args else None
         k = _shape(args["key"]) if args else None
+        if args is not None and (q is None or k is None) and _is_tensor(args["query"]) and _is_tensor(args["key"]):
+            self.kept["calls with dynamic shapes (a mask is evaluated at one size only)"] += 1
+            return
         if args is None or q is None or k is None or len(q) != 4 or len(k) != 4:
             self.kept["calls of an unexpected form"] += 1
             return
