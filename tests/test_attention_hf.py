@@ -160,8 +160,10 @@ def test_expansions_stay_where_a_mask_stays():
     assert "K/V expansions kept: a mask remains" in report.note()
 
 
-def test_a_graph_without_attention_has_no_note():
+def test_a_graph_whose_attention_is_already_eagers_has_no_note():
     assert AttentionReport().note() is None
+    gm, report, _ = _captured(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), *_qkv())
+    assert report.calls == 1 and report.note() is None
 
 
 # --- analysis: fused kernels are matmul-like, their dropout random, causal FLOPs half ----------

@@ -64,9 +64,9 @@ class AttentionReport:
         return self.no_mask + self.causal + self.gqa
 
     def note(self) -> str | None:
-        """``attention: 12 SDPA calls; 12 masks recognised as causal (is_causal=True), ...``;
-        None for a graph without attention."""
-        if not self.calls:
+        """``attention: 12 SDPA calls, 12 masks recognised as causal (is_causal=True), ...``;
+        None where there was nothing to rewrite (no attention, or calls already as eager's)."""
+        if not self.calls or not self.rewritten and not self.kept:
             return None
         done = [f"{n} {what}" for n, what in (
             (self.no_mask, "masks recognised as none (attn_mask=None)"),
@@ -76,8 +76,6 @@ class AttentionReport:
         parts = [f"{self.calls} SDPA call{'s' if self.calls != 1 else ''}", *done]
         if kept:
             parts.append("not rewritten: " + "; ".join(kept))
-        elif not done:
-            parts.append("nothing to rewrite")
         return "attention: " + ", ".join(parts)
 
 
