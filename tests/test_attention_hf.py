@@ -6,9 +6,9 @@ kernel (no batched matmuls or softmax over scores, no length x length value save
 autograd's loss and gradients on the uncompiled backend.
 
 Hugging Face builds its masks inside the graph where ``torch.compiler.is_exporting()`` reads as
-true under Dynamo (torch releases before the fix, ``versions.HOOKS["sdpa_kernel_choice"]``);
-on this torch it reads false and transformers skips the masks itself, so the HF tests patch
-transformers' check to build the masks as those releases do (``built_masks``)."""
+true under Dynamo (torch before pytorch#176499; ``benchmarks/long_context.py``'s
+``dynamo_sees_exporting`` asks); where it reads false transformers skips the masks itself, so the
+HF tests patch transformers' check to build the masks as those releases do (``built_masks``)."""
 
 from __future__ import annotations
 
