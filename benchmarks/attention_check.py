@@ -40,8 +40,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 
 import remat  # noqa: E402
 import zoo  # noqa: E402
-from benchmarks.real_models import compose, rel_error, seeded_grads, step, step_peak_bytes, timed_step  # noqa: E402
 from benchmarks.long_context import dynamo_sees_exporting  # noqa: E402
+from benchmarks.real_models import compose, rel_error, seeded_grads, step, step_peak_bytes, timed_step  # noqa: E402
 
 MiB = 2**20
 MODELS = ("bert", "llama", "gpt2")
