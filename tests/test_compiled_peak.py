@@ -90,9 +90,8 @@ def test_reader_passes_over_grouped_asserts_and_names_unknown_lines():
     # it neither allocates nor frees. A line kind the reader does not know is named, never dropped.
     from types import SimpleNamespace
 
-    from torch._inductor.codegen import wrapper
-
     from remat.backends.inductor.wrapper_reading import trace_of
+    from torch._inductor.codegen import wrapper
 
     class Unheard(wrapper.WrapperLine):
         pass
