@@ -42,7 +42,16 @@ _SHAPE_ONLY_FUNCTIONS = frozenset({torch.ones_like, torch.zeros_like, torch.full
 _SHAPE_ONLY_METHODS = frozenset({"new_ones", "new_zeros", "new_full", "size", "dim", "numel"})
 _RANDOM_WORDS = ("rand", "bernoulli", "dropout", "normal", "multinomial", "poisson", "uniform", "exponential")
 MAX_MASK_ELEMENTS = 1 << 28
-"""Masks with more elements (counting broadcast views as their full shape) are not evaluated."""
+"""Masks with more distinct elements (broadcast dimensions counted once) are not evaluated: the
+ops that build one may materialise it (a length x length comparison) at compile time."""
+
+
+def _core(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with each broadcast dimension (stride 0) narrowed to one element: the same values."""
+    for d in range(t.dim()):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            t = t.narrow(d, 0, 1)
+    return t
 
 
 def _shape_only(node: fx.Node) -> bool:
@@ -143,7 +152,7 @@ def classify_mask(mask: fx.Node, q_len: int, k_len: int, q_dtype: torch.dtype) -
         return MaskVerdict(MaskKind.OTHER, "is not a tensor")
     if val.dtype not in (torch.bool, q_dtype):
         return MaskVerdict(MaskKind.OTHER, f"has dtype {val.dtype}")
-    if val.dim() > 4 or val.numel() > MAX_MASK_ELEMENTS:
+    if val.dim() > 4 or _core(val).numel() > MAX_MASK_ELEMENTS:
         return MaskVerdict(MaskKind.OTHER, "is too large to evaluate")
     cone, metadata, why = mask_cone(mask)
     if why is not None:
@@ -154,6 +163,7 @@ def classify_mask(mask: fx.Node, q_len: int, k_len: int, q_dtype: torch.dtype) -
         return MaskVerdict(MaskKind.OTHER, f"could not be evaluated ({type(e).__name__})")
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(val.shape) or value.dtype != val.dtype:
         return MaskVerdict(MaskKind.OTHER, "evaluated to another shape or dtype than Dynamo's")
+    value = _core(value)
     full = torch.ones(q_len, k_len, dtype=torch.bool, device=value.device)
     if _matches(value, full):
         return MaskVerdict(MaskKind.NONE)
