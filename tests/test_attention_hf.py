@@ -19,13 +19,11 @@ import torch
 import torch.nn.functional as F
 
 import remat
+import zoo
 from remat.analysis import cost
 from remat.analysis.op_facts import op_facts
 from remat.capture.attention import AttentionReport, is_sdpa, rewrite_attention
 from remat.policy import BUILTIN_RULES
-
-transformers = pytest.importorskip("transformers")
-import zoo  # noqa: E402
 
 FUSED_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 MATH_OPS = ("aten.bmm.default", "aten._softmax.default", "aten._safe_softmax.default")
