@@ -47,6 +47,7 @@ __all__ = [
     "can_split_ddp",
     "ddp_bucket_split",
     "dynamo_origins",
+    "sdpa_takes_enable_gqa",
 ]
 
 def run_uncompiled(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
@@ -317,3 +318,17 @@ def measure_cpu_peak_bytes(step: Any) -> int:
             live -= size
         peak = max(peak, live)
     return peak
+
+
+@functools.cache
+def sdpa_takes_enable_gqa() -> bool:
+    """Whether this torch's ``F.scaled_dot_product_attention`` takes ``enable_gqa=True`` (keys and
+    values with fewer heads than the queries), tried once on tiny CPU tensors
+    (``versions.HOOKS["sdpa_enable_gqa"]``): where it does not, the attention rewrite keeps K/V
+    expansions (``remat.capture.attention``)."""
+    q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except (TypeError, RuntimeError):
+        return False
+    return True

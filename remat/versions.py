@@ -154,6 +154,18 @@ HOOKS: dict[str, Hook] = {
         ("torch.profiler._memory_profiler.Action", "torch.profiler._memory_profiler.Action.CREATE",
          "torch.profiler._memory_profiler.Action.DESTROY", "torch.profiler.profile._memory_profile"), ("remat.compat",),
         ("2.13",), OnDrift.FAILS, "the measurement fails; training is unaffected."),
+    "sdpa_enable_gqa": Hook(
+        "attention keeps grouped-query K/V unexpanded (remat.capture.attention)",
+        ("torch.nn.functional.scaled_dot_product_attention",), ("remat.compat",), ("2.13",), OnDrift.FALL_BACK,
+        "Where SDPA takes no enable_gqa, the K/V expansions Dynamo captured are kept.",
+        "Tried once on tiny CPU tensors (compat.sdpa_takes_enable_gqa)."),
+    "sdpa_kernel_choice": Hook(
+        "which fused kernel SDPA picks for its inputs in the traced joint graph: none takes a mask together "
+        "with enable_gqa, CPU's takes no dropout (remat.capture.attention)",
+        ("torch.nn.functional.scaled_dot_product_attention",), ("remat.capture.attention",), ("2.13",),
+        OnDrift.UNDETECTED, "A rewritten call may run another kernel than the one the rewrite expected "
+        "(gradients are unaffected).",
+        "Checked on CPU (tests/test_attention_hf.py); CUDA's choice mirrors transformers' use_gqa_in_sdpa."),
     "fake_tensor_errors": Hook(
         "one remat: error about the user's model instead of Dynamo's trace when the model fails on its inputs",
         ("torch._dynamo.exc.TorchRuntimeError", "torch._subclasses.fake_tensor"),

@@ -12,6 +12,7 @@ import torch.fx as fx
 from .. import compat
 from ..device import DeviceModel
 from ..policy import OpInfo
+from .ops import schema_arg
 
 __all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "flops", "Work", "recompute_seconds",
            "recompute_estimate"]
@@ -59,12 +60,13 @@ def _dims(val: object) -> tuple[int, ...]:
     return shape(val)
 
 
-def flops(op: str, out: object, ins: list[object]) -> int:
+def flops(op: str, out: object, ins: list[object], *, causal: bool = False) -> int:
     """Estimated FLOPs of one op from its output and input tensor metadata.
 
     Matmuls count 2 per multiply-add; convolutions 2 x output elements x (input channels /
-    groups x kernel size); attention 4 x batch x heads x queries x keys x head dim; every other
-    op one per output element (reductions: one per input element)."""
+    groups x kernel size); attention 4 x batch x heads x queries x keys x head dim, half of it
+    when ``causal`` (the fused kernels skip the blocks above the diagonal); every other op one
+    per output element (reductions: one per input element)."""
     packet = ".".join(op.split(".")[:2])
     o = _dims(out)
     shapes = [_dims(v) for v in ins if isinstance(v, torch.Tensor)]
@@ -91,7 +93,8 @@ def flops(op: str, out: object, ins: list[object]) -> int:
     if "attention" in packet and shapes and len(shapes[0]) == 4:
         b, h, lq, d = shapes[0]
         lk = shapes[1][2] if len(shapes) > 1 and len(shapes[1]) == 4 else lq
-        return 4 * b * h * lq * lk * d
+        full = 4 * b * h * lq * lk * d
+        return full // 2 if causal else full
     if isinstance(out, (tuple, list)):
         return sum(numel(v) for v in out if isinstance(v, torch.Tensor))
     return max(numel(out), max((numel(v) for v in ins if isinstance(v, torch.Tensor)), default=0))
@@ -136,7 +139,8 @@ def recompute_estimate(node: fx.Node, op: OpInfo, dev: DeviceModel) -> tuple[int
     ins = [a.meta.get("val") for a in node.all_input_nodes]
     out = node.meta.get("val")
     kind = _work(op)
-    f = 0 if kind is Work.VIEW else flops(op.op, out, ins)
+    causal = op.is_attention and bool(schema_arg(node, "is_causal", False))
+    f = 0 if kind is Work.VIEW else flops(op.op, out, ins, causal=causal)
     bytes_in = sum(nbytes(v) for v in ins)
     bytes_out = sum(nbytes(v) for v in out) if isinstance(out, (tuple, list)) else nbytes(out)
     return int(f), recompute_seconds(kind, f, bytes_in, bytes_out, dev)

@@ -25,6 +25,7 @@ from .ops import (
     is_collective,
     op_name,
     packet,
+    schema_arg,
 )
 
 __all__ = ["NO_FACTS", "op_facts", "stops_free_recompute", "through_getitem", "op_info",
@@ -64,14 +65,7 @@ def _reduction_ratio(node: fx.Node) -> float:
 
 
 def _attention_dropout(node: fx.Node) -> float:
-    t = node.target
-    if not isinstance(t, compat.OpOverload):
-        return 0.0
-    for i, arg in enumerate(t._schema.arguments):
-        if arg.name == "dropout_p":
-            value = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
-            return float(value or 0.0)
-    return 0.0
+    return float(schema_arg(node, "dropout_p", 0.0) or 0.0)
 
 
 _FIELDS = dataclasses.fields(OpFacts)

@@ -14,7 +14,7 @@ from ..compat import HigherOrderOperator, OpOverload
 
 __all__ = ["MATMUL_OPS", "ATTENTION_OPS", "REDUCTION_OPS", "DATA_DEPENDENT_OPS", "RANDOM_OPS",
            "COLLECTIVE_NAMESPACES", "MUTATING_HOPS", "CAST_OPS", "op_name", "packet", "is_collective",
-           "is_impure"]
+           "is_impure", "schema_arg"]
 
 
 def _aten(names: str) -> frozenset[str]:
@@ -87,3 +87,16 @@ def is_impure(node: fx.Node) -> bool:
     if isinstance(t, OpOverload):
         return t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags or is_collective(t)
     return t is not operator.getitem
+
+
+def schema_arg(node: fx.Node, name: str, default: object = None) -> object:
+    """The argument ``name`` of an op overload's call, by its schema (an attention kernel's
+    ``dropout_p`` or ``is_causal``); ``default`` when the op has no such argument or the call
+    leaves it out."""
+    t = node.target
+    if not isinstance(t, OpOverload):
+        return default
+    for i, arg in enumerate(t._schema.arguments):
+        if arg.name == name:
+            return node.kwargs.get(name, node.args[i] if i < len(node.args) else default)
+    return default

@@ -25,6 +25,7 @@ from ..plan_data import PlanKey
 from ..planning.choice import Attempt, Earlier, compile_within_budget
 from ..tuning import Tuning
 from . import buckets
+from .attention import AttentionReport, rewrite_attention
 from .graph_copy import copy_graph
 from .partition import make_partition_fn, make_stock_partition_fn
 from .tuned import compile_tuned
@@ -108,6 +109,9 @@ class RematBackend:
         self._hands_over: set[int] = set()
         """Plan indices of graphs Dynamo ended at a graph break: their outputs go to the code
         that resumes after it, not to the caller (Note [What the caller holds])."""
+        self.attention: AttentionReport = AttentionReport()
+        """What the attention rewrite did to the graph being compiled (Note [Attention as eager
+        runs it]); its note goes into each plan of that graph."""
 
     def begin_step(self) -> None:
         """A training step of the wrapped model starts: graphs compiled from now on share its
@@ -141,6 +145,9 @@ class RematBackend:
         )
 
     def _sink(self, plan: Plan, frontier: tuple[Plan, ...] | None) -> None:
+        note = self.attention.note()
+        if note is not None and note not in plan.notes:
+            plan = replace(plan, notes=(*plan.notes, note))
         if self._planned is not None:
             self._planned(_plan_line(plan))
         self.plans.append(plan)
@@ -151,6 +158,7 @@ class RematBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         clean_module_paths(gm)
+        self.attention = rewrite_attention(gm, strict=self.options.strict)
         where = compat.graph_break(gm)
         if where is not None and where not in self.graph_breaks:
             self.graph_breaks.append(where)
