@@ -318,3 +318,31 @@ def test_a_padding_mask_from_the_input_is_left_alone(built_masks):
     note = _note(plans)
     assert "masks kept: the mask depends on graph input" in note and "recognised" not in note
     assert "K/V expansions kept: a mask remains" in note
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_inductor_compiles_the_rewritten_call():
+    """Causal grouped-query attention written with an explicit mask and repeat_kv, compiled by
+    Inductor (C++ on CPU): the plan notes the rewrite, gradients equal eager's."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.kv = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+            k, v = self.kv(x).view(b, s, 4, 8).transpose(1, 2).chunk(2, dim=1)
+            i = torch.arange(s, device=x.device)
+            out = F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=i[None, :] <= i[:, None])
+            return out.square().mean()
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 16, 32)
+    wrapped = remat.checkpoint(copy.deepcopy(model))
+    wrapped(x).backward()
+    model(x).backward()
+    _assert_close(_grads(wrapped), _grads(model))
+    (plan,) = remat.compiled_plans(wrapped)
+    assert "1 masks recognised as causal (is_causal=True), 1 K/V expansions kept unexpanded" in _note([plan])
