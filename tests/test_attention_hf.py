@@ -335,7 +335,8 @@ def test_inductor_compiles_the_rewritten_call():
             q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
             k, v = self.kv(x).view(b, s, 4, 8).transpose(1, 2).chunk(2, dim=1)
             i = torch.arange(s, device=x.device)
-            out = F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=i[None, :] <= i[:, None])
+            causal = i[None, :] <= i[:, None]
+            out = F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=causal)
             return out.square().mean()
 
     torch.manual_seed(0)
