@@ -154,7 +154,7 @@ def test_expansions_stay_where_a_mask_stays():
         return F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=keep[:, None, None])
 
     gm, report, _ = _captured(f, *_qkv(heads=4, kv_heads=2), torch.ones(2, 8, dtype=torch.bool))
-    assert not _sdpa(gm).kwargs["enable_gqa"] and report.gqa == 0
+    assert not _sdpa(gm).kwargs.get("enable_gqa") and report.gqa == 0
     assert "K/V expansions kept: a mask remains" in report.note()
 
 
@@ -347,3 +347,19 @@ def test_inductor_compiles_the_rewritten_call():
     _assert_close(_grads(wrapped), _grads(model))
     (plan,) = remat.compiled_plans(wrapped)
     assert "1 masks recognised as causal (is_causal=True), 1 K/V expansions kept unexpanded" in _note([plan])
+
+
+def test_a_call_the_pass_fails_on_stays_as_captured(monkeypatch):
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr("remat.capture.attention.classify_mask", broken)
+    gm, report, _ = _captured(f, *_qkv())
+    assert isinstance(_sdpa(gm).kwargs["attn_mask"], torch.fx.Node) and report.rewritten == 0
+    assert "1 calls the rewrite failed on (ValueError; please report)" in report.note()
+    captured = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    with pytest.raises(remat.RematError, match=r"^remat: internal error: rewriting attention"):
+        rewrite_attention(captured.graph.owning_module, strict=True)

@@ -126,10 +126,14 @@ class _Rewriter:
         if args is None or q is None or k is None or len(q) != 4 or len(k) != 4:
             self.kept["calls of an unexpected form"] += 1
             return
+        given = dict(args)
         self._mask(args, q[2], k[2], args["query"].meta["example_value"].dtype)
         self._kv(args, q)
-        node.args, node.kwargs = (args["query"], args["key"], args["value"]), \
-            {n: args[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")}
+        if args != given:
+            kwargs = {n: args[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale")}
+            if args["enable_gqa"] or "enable_gqa" in node.kwargs:  # a torch without it takes no such keyword
+                kwargs["enable_gqa"] = args["enable_gqa"]
+            node.args, node.kwargs = (args["query"], args["key"], args["value"]), kwargs
 
     def _mask(self, args: dict, q_len: int, k_len: int, dtype: torch.dtype) -> None:
         mask = args["attn_mask"]
@@ -191,12 +195,14 @@ def rewrite_attention(gm: fx.GraphModule, *, strict: bool = False) -> AttentionR
         return AttentionReport()
     rw = _Rewriter(gm, compat.sdpa_takes_enable_gqa())
     for node in calls:
+        counts, kept = rw.counts.copy(), rw.kept.copy()
         try:
             rw.rewrite(node)
         except Exception as e:  # noqa: BLE001 - the call stays as Dynamo captured it
             if strict:
                 raise RematError(f"remat: internal error: rewriting attention `{node.name}` failed "
                                  f"({type(e).__name__}: {e}); please report (strict=False keeps it as captured)") from e
+            rw.counts, rw.kept = counts, kept
             rw.kept[f"calls the rewrite failed on ({type(e).__name__}; please report)"] += 1
     if rw.touched:
         rw.drop_dead()
