@@ -112,6 +112,7 @@ def test_a_mask_from_an_input_is_left_alone():
 @pytest.mark.parametrize("make, why", [
     (lambda q: torch.rand(8, 8) < 2.0, "random op"),  # all true, but drawn
     (lambda q: torch.ones(8, 8, dtype=torch.bool).triu(), "other positions"),  # constant, not causal
+    (lambda q: torch.empty(8, 8, dtype=torch.bool) | True, "uninitialised"),
 ])
 def test_masks_that_are_not_provably_none_or_causal_stay(make, why):
     def f(q, k, v):
