@@ -22,7 +22,7 @@ import remat
 import zoo
 from remat.analysis import cost
 from remat.analysis.op_facts import op_facts
-from remat.capture.attention import AttentionReport, is_sdpa, rewrite_attention
+from remat.capture.attention import AttentionReport, gqa_kernel_refusal, is_sdpa, rewrite_attention
 from remat.policy import BUILTIN_RULES
 
 FUSED_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -150,13 +150,29 @@ def test_expanded_keys_and_values_are_read_unexpanded_with_enable_gqa(expand):
     torch.testing.assert_close(out, f(q, k, v), rtol=0, atol=1e-6)
 
 
-def test_expansions_stay_where_a_mask_stays():
+def test_with_a_mask_left_cpu_reads_unexpanded_keys_and_values_too():
+    """CPU's fused kernel takes a mask with ``enable_gqa``: the expansions go, the mask stays."""
     def f(q, k, v, keep):
         return F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=keep[:, None, None])
 
-    gm, report, _ = _captured(f, *_qkv(heads=4, kv_heads=2), torch.ones(2, 8, dtype=torch.bool))
-    assert not _sdpa(gm).kwargs.get("enable_gqa") and report.gqa == 0
-    assert "K/V expansions kept: a mask remains" in report.note()
+    q, k, v = _qkv(heads=4, kv_heads=2)
+    keep = torch.rand(2, 8) < 0.7
+    keep[:, 0] = True
+    gm, report, out = _captured(f, q, k, v, keep)
+    assert _sdpa(gm).kwargs["enable_gqa"] is True and isinstance(_sdpa(gm).kwargs["attn_mask"], torch.fx.Node)
+    torch.testing.assert_close(out, f(q, k, v, keep), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("device, masked, dims, why", [
+    ("cuda", True, (64, 64), "a mask remains"),
+    ("cuda", False, (512, 512), "head dims 512/512"),
+    ("cuda", False, (64, 32), "head dims 64/32"),
+    ("cuda", False, (128, 128), None),
+    ("cpu", True, (512, 512), None),
+])
+def test_where_a_fused_kernel_runs_enable_gqa(device, masked, dims, why):
+    got = gqa_kernel_refusal(device, masked, *dims)
+    assert got is None if why is None else why in got
 
 
 def test_a_graph_whose_attention_is_already_eagers_has_no_note():
@@ -318,7 +334,7 @@ def test_a_padding_mask_from_the_input_is_left_alone(built_masks):
     plans, _ = _against_eager("llama", no_dropout=True, extra={"attention_mask": padding})
     note = _note(plans)
     assert "masks kept: the mask depends on graph input" in note and "recognised" not in note
-    assert "K/V expansions kept: a mask remains" in note
+    assert "2 K/V expansions kept unexpanded (enable_gqa=True)" in note  # CPU's kernel takes the mask too
 
 
 @pytest.mark.slow
