@@ -12,9 +12,9 @@ seconds (compile). For remat also: the attention ops its captured graphs run (fu
 (composed over graphs as in ``real_models.py``) against the measured eager peak. The issue's
 targets are written as ratios next to the rows.
 
-    python benchmarks/attention_check.py --out out/                      # one H200, ~5-8 minutes
+    python benchmarks/attention_check.py --tune off --out out/           # one H200, ~5-8 minutes
+    python benchmarks/attention_check.py --out out/                      # remat's default tuning: longer
     python benchmarks/attention_check.py --models bert --out out/
-    python benchmarks/attention_check.py --tune off --out out/          # remat without measuring candidates
     python benchmarks/attention_check.py --dry-run --out /tmp/att         # CPU smoke: tiny, fp32, uncompiled
 
 ``--dry-run`` (= ``--tiny --device cpu`` with torch.compile's ``aot_eager`` and remat's
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import pathlib
@@ -215,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         results["models"].append(run_model(name, args, device))
         print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
         torch._dynamo.reset()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         with open(os.path.join(args.out, "attention-check.json"), "w") as f:
             json.dump(results, f, indent=1)
     text = markdown(results)

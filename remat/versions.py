@@ -160,8 +160,9 @@ HOOKS: dict[str, Hook] = {
         "Where SDPA takes no enable_gqa, the K/V expansions Dynamo captured are kept.",
         "Tried once on tiny CPU tensors (compat.sdpa_takes_enable_gqa)."),
     "sdpa_kernel_choice": Hook(
-        "which fused kernel SDPA picks for its inputs in the traced joint graph: none takes a mask together "
-        "with enable_gqa, CPU's takes no dropout (remat.capture.attention)",
+        "which fused kernel SDPA picks for its inputs in the traced joint graph: on CUDA only flash takes "
+        "enable_gqa (no mask, head dims up to 256); CPU's takes a mask with it but no dropout "
+        "(remat.capture.attention)",
         ("torch.nn.functional.scaled_dot_product_attention",), ("remat.capture.attention",), ("2.13",),
         OnDrift.UNDETECTED, "A rewritten call may run another kernel than the one the rewrite expected "
         "(gradients are unaffected).",

@@ -22,7 +22,7 @@ import remat
 import zoo
 from remat.analysis import cost
 from remat.analysis.op_facts import op_facts
-from remat.capture.attention import AttentionReport, is_sdpa, rewrite_attention
+from remat.capture.attention import AttentionReport, gqa_kernel_refusal, is_sdpa, rewrite_attention
 from remat.policy import BUILTIN_RULES
 
 FUSED_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -112,6 +112,7 @@ def test_a_mask_from_an_input_is_left_alone():
 @pytest.mark.parametrize("make, why", [
     (lambda q: torch.rand(8, 8) < 2.0, "random op"),  # all true, but drawn
     (lambda q: torch.ones(8, 8, dtype=torch.bool).triu(), "other positions"),  # constant, not causal
+    (lambda q: torch.empty(8, 8, dtype=torch.bool) | True, "uninitialised"),
 ])
 def test_masks_that_are_not_provably_none_or_causal_stay(make, why):
     def f(q, k, v):
@@ -149,13 +150,29 @@ def test_expanded_keys_and_values_are_read_unexpanded_with_enable_gqa(expand):
     torch.testing.assert_close(out, f(q, k, v), rtol=0, atol=1e-6)
 
 
-def test_expansions_stay_where_a_mask_stays():
+def test_with_a_mask_left_cpu_reads_unexpanded_keys_and_values_too():
+    """CPU's fused kernel takes a mask with ``enable_gqa``: the expansions go, the mask stays."""
     def f(q, k, v, keep):
         return F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=keep[:, None, None])
 
-    gm, report, _ = _captured(f, *_qkv(heads=4, kv_heads=2), torch.ones(2, 8, dtype=torch.bool))
-    assert not _sdpa(gm).kwargs["enable_gqa"] and report.gqa == 0
-    assert "K/V expansions kept: a mask remains" in report.note()
+    q, k, v = _qkv(heads=4, kv_heads=2)
+    keep = torch.rand(2, 8) < 0.7
+    keep[:, 0] = True
+    gm, report, out = _captured(f, q, k, v, keep)
+    assert _sdpa(gm).kwargs["enable_gqa"] is True and isinstance(_sdpa(gm).kwargs["attn_mask"], torch.fx.Node)
+    torch.testing.assert_close(out, f(q, k, v, keep), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("device, masked, dims, why", [
+    ("cuda", True, (64, 64), "a mask remains"),
+    ("cuda", False, (512, 512), "head dims 512/512"),
+    ("cuda", False, (64, 32), "head dims 64/32"),
+    ("cuda", False, (128, 128), None),
+    ("cpu", True, (512, 512), None),
+])
+def test_where_a_fused_kernel_runs_enable_gqa(device, masked, dims, why):
+    got = gqa_kernel_refusal(device, masked, *dims)
+    assert got is None if why is None else why in got
 
 
 def test_a_graph_whose_attention_is_already_eagers_has_no_note():
@@ -317,4 +334,49 @@ def test_a_padding_mask_from_the_input_is_left_alone(built_masks):
     plans, _ = _against_eager("llama", no_dropout=True, extra={"attention_mask": padding})
     note = _note(plans)
     assert "masks kept: the mask depends on graph input" in note and "recognised" not in note
-    assert "K/V expansions kept: a mask remains" in note
+    assert "2 K/V expansions kept unexpanded (enable_gqa=True)" in note  # CPU's kernel takes the mask too
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_inductor_compiles_the_rewritten_call():
+    """Causal grouped-query attention written with an explicit mask and repeat_kv, compiled by
+    Inductor (C++ on CPU): the plan notes the rewrite, gradients equal eager's."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.kv = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+            k, v = self.kv(x).view(b, s, 4, 8).transpose(1, 2).chunk(2, dim=1)
+            i = torch.arange(s, device=x.device)
+            causal = i[None, :] <= i[:, None]
+            out = F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), attn_mask=causal)
+            return out.square().mean()
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 16, 32)
+    wrapped = remat.checkpoint(copy.deepcopy(model))
+    wrapped(x).backward()
+    model(x).backward()
+    _assert_close(_grads(wrapped), _grads(model))
+    (plan,) = remat.compiled_plans(wrapped)
+    assert "1 masks recognised as causal (is_causal=True), 1 K/V expansions kept unexpanded" in _note([plan])
+
+
+def test_a_call_the_pass_fails_on_stays_as_captured(monkeypatch):
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr("remat.capture.attention.classify_mask", broken)
+    gm, report, _ = _captured(f, *_qkv())
+    assert isinstance(_sdpa(gm).kwargs["attn_mask"], torch.fx.Node) and report.rewritten == 0
+    assert "1 calls the rewrite failed on (ValueError; please report)" in report.note()
+    captured = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    with pytest.raises(remat.RematError, match=r"^remat: internal error: rewriting attention"):
+        rewrite_attention(captured.graph.owning_module, strict=True)

@@ -11,11 +11,11 @@ The pass gives each call the arguments with which it computes the same values:
 
 * a mask computed from constants alone (``remat.capture.attention_mask``) is evaluated once; all
   true (or zeros) becomes ``attn_mask=None``, the causal lower triangle ``is_causal=True``;
-* where the call is then without a mask and its keys and values are grouped-query expansions
-  (``remat.capture.attention_kv``), it reads the unexpanded ones with ``enable_gqa=True``, where
-  this torch's SDPA takes it (``compat.sdpa_takes_enable_gqa``). With a mask left, the
-  expansions stay: no fused kernel takes a mask together with ``enable_gqa``
-  (``versions.HOOKS["sdpa_kernel_choice"]``), as transformers' own choice says.
+* where its keys and values are grouped-query expansions (``remat.capture.attention_kv``), it
+  reads the unexpanded ones with ``enable_gqa=True``, where this torch's SDPA takes it
+  (``compat.sdpa_takes_enable_gqa``) and a fused kernel runs it (``gqa_kernel_refusal``): on
+  CUDA only without a mask and with head dims up to 256, as transformers' own choice says
+  (``versions.HOOKS["sdpa_kernel_choice"]``); otherwise the expansions stay.
 
 A mask that depends on an input's values (a padding mask) is left alone: the graph is rewritten
 only where the rewritten call provably computes the same values. The graph is specialised to its
@@ -37,7 +37,7 @@ from ..errors import RematError
 from .attention_kv import Expansion, kv_expansion
 from .attention_mask import MaskKind, MaskVerdict, classify_mask, mask_cone
 
-__all__ = ["AttentionReport", "rewrite_attention", "is_sdpa"]
+__all__ = ["AttentionReport", "rewrite_attention", "is_sdpa", "gqa_kernel_refusal"]
 
 _PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 """SDPA's positional parameters; ``scale`` and ``enable_gqa`` are keyword-only."""
@@ -100,6 +100,25 @@ def _shape(x: object) -> tuple[int, ...] | None:
     return tuple(val.shape)
 
 
+GQA_MAX_HEAD_DIM = 256
+"""CUDA's flash kernel, the one that takes ``enable_gqa``, takes head dims up to this."""
+
+
+def gqa_kernel_refusal(device: str, masked: bool, k_dim: int, v_dim: int) -> str | None:
+    """Why a fused kernel would not run ``enable_gqa`` on ``device`` where the expanded call's
+    could (``versions.HOOKS["sdpa_kernel_choice"]``): on CUDA only the flash kernel takes it, with
+    no mask and equal head dims up to ``GQA_MAX_HEAD_DIM`` (transformers' own rule); the
+    memory-efficient kernel that runs the expanded call otherwise would give way to the math
+    path. CPU's fused kernel takes a mask too."""
+    if device == "cpu":
+        return None
+    if masked:
+        return "a mask remains (CUDA's fused kernels that take one take no enable_gqa)"
+    if k_dim != v_dim or k_dim > GQA_MAX_HEAD_DIM:
+        return f"head dims {k_dim}/{v_dim} (CUDA's flash kernel takes equal ones up to {GQA_MAX_HEAD_DIM})"
+    return None
+
+
 def _is_tensor(x: object) -> bool:
     return isinstance(x, fx.Node) and isinstance(x.meta.get("example_value"), torch.Tensor)
 
@@ -126,10 +145,14 @@ class _Rewriter:
         if args is None or q is None or k is None or len(q) != 4 or len(k) != 4:
             self.kept["calls of an unexpected form"] += 1
             return
+        given = dict(args)
         self._mask(args, q[2], k[2], args["query"].meta["example_value"].dtype)
         self._kv(args, q)
-        node.args, node.kwargs = (args["query"], args["key"], args["value"]), \
-            {n: args[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")}
+        if args != given:
+            kwargs = {n: args[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale")}
+            if args["enable_gqa"] or "enable_gqa" in node.kwargs:  # a torch without it takes no such keyword
+                kwargs["enable_gqa"] = args["enable_gqa"]
+            node.args, node.kwargs = (args["query"], args["key"], args["value"]), kwargs
 
     def _mask(self, args: dict, q_len: int, k_len: int, dtype: torch.dtype) -> None:
         mask = args["attn_mask"]
@@ -164,8 +187,10 @@ class _Rewriter:
     def _gqa_refusal(self, args: dict, q: tuple[int, ...], k: Expansion, v: Expansion) -> str | None:
         if not self.gqa:
             return "this torch's SDPA takes no enable_gqa"
-        if args["attn_mask"] is not None:
-            return "a mask remains (no fused kernel takes a mask with enable_gqa)"
+        device = args["query"].meta["example_value"].device.type
+        why = gqa_kernel_refusal(device, args["attn_mask"] is not None, _shape(k.source)[-1], _shape(v.source)[-1])
+        if why is not None:
+            return why
         kv_heads = _shape(k.source)[1]
         if k.repeats != v.repeats or _shape(v.source)[1] != kv_heads or q[1] != kv_heads * k.repeats:
             return "keys and values are expanded differently"
@@ -191,12 +216,14 @@ def rewrite_attention(gm: fx.GraphModule, *, strict: bool = False) -> AttentionR
         return AttentionReport()
     rw = _Rewriter(gm, compat.sdpa_takes_enable_gqa())
     for node in calls:
+        counts, kept = rw.counts.copy(), rw.kept.copy()
         try:
             rw.rewrite(node)
         except Exception as e:  # noqa: BLE001 - the call stays as Dynamo captured it
             if strict:
                 raise RematError(f"remat: internal error: rewriting attention `{node.name}` failed "
                                  f"({type(e).__name__}: {e}); please report (strict=False keeps it as captured)") from e
+            rw.counts, rw.kept = counts, kept
             rw.kept[f"calls the rewrite failed on ({type(e).__name__}; please report)"] += 1
     if rw.touched:
         rw.drop_dead()

@@ -77,6 +77,8 @@ def _refusal(node: fx.Node) -> str | None:
         return f"runs the in-place op `{name}`"
     if any(w in name.lower() for w in _RANDOM_WORDS):
         return f"runs the random op `{name}`"
+    if "empty" in name.lower():
+        return f"reads uninitialised memory (`{name}`)"
     val = node.meta.get("example_value")
     if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in val.shape):
         return "has a dynamic shape"
