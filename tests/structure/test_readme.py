@@ -118,7 +118,8 @@ def test_files_named_in_the_readmes_exist():
             assert path.exists(), f"{readme.name} names {name}, which is not in the repository"
         for name in set(re.findall(r"`([\w-]+\.(?:json|png|py))`", text)):
             candidates = [ROOT / "benchmarks" / name, ROOT / "remat" / name, ROOT / "examples" / name,
-                          ROOT / "tests" / name, ROOT / "zoo" / name]
+                          ROOT / "tests" / name, ROOT / "zoo" / name,
+                          *(ROOT / "benchmarks" / "results").glob(f"*/{name}")]
             outputs = ("results.json", "results.png", "frontier.png")  # what a shown command writes
             assert any(p.exists() for p in candidates) or name in outputs, (readme.name, name)
 
