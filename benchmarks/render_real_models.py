@@ -215,16 +215,14 @@ def _missing(items: list[Entry]) -> str:
 
 
 def headline(folder: pathlib.Path = RESULTS) -> str:
-    """The top-level README's quote of the newest run: its geomean line, its commands and notes."""
+    """The top-level README's quote of the newest run: its geomean line and its file; the commands,
+    notes and rows are in benchmarks/README.md's section only (one home for each)."""
     path = newest_run(folder)
     run = _load(path)
     apath = anchors_path(run, folder)
     items = entries(run, _load(apath) if apath.exists() else None)
-    lines = [geomean_line(items, run) + f" From `benchmarks/{shown(path)}`, produced by:", ""]
-    lines += [f"    {_command(r['argv'])}" for r in run.get("runs") or [run]]
-    for note in run.get("notes") or []:
-        lines += ["", note]
-    return "\n".join(lines)
+    return (geomean_line(items, run) + f" From `benchmarks/{shown(path)}`; its commands, notes and every row: "
+            "the first section of `benchmarks/README.md`.")
 
 
 def section(folder: pathlib.Path = RESULTS) -> str:
