@@ -1,6 +1,6 @@
 """Side-by-side step time and peak activation memory: eager, eager + checkpoint per block,
 torch.compile (default, budget 0.5, + checkpoint per block) and remat, on the reference
-workloads (``benchmarks/workloads.py``), in one process per call.
+workloads (``zoo/workloads.py``), in one process per call.
 
     python benchmarks/bench.py --workloads pointwise mlp gpt --size full --out out/
 
@@ -16,16 +16,20 @@ import copy
 import json
 import math
 import os
+import pathlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as tuc
-import workloads
 
 import remat
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+from zoo import workloads  # noqa: E402
 
 VARIANTS = ("eager", "eager+ckpt", "compile", "compile budget 0.5", "compile+ckpt", "remat", "remat budget 100%",
             "remat budget 75%", "remat budget 50%", "remat budget 25%", "remat @ ckpt peak",

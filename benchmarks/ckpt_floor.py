@@ -1,6 +1,6 @@
 """remat's smallest plan against per-block ``torch.utils.checkpoint`` on the CPU (issue 13).
 
-For each family of ``benchmarks/families.py``: the measured peak of one training step with
+For each family of ``zoo/families.py``: the measured peak of one training step with
 each block checkpointed (eager), and remat's smallest plan (the frontier point with the lowest
 predicted peak, uncompiled backend): its predicted peak and, trained with that peak as the
 budget, its measured peak. Peaks are bytes allocated during the step (profiler allocation
@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 
 import remat
-from benchmarks import families
 from remat import compat
+from zoo import families
 
 KiB = 1024
 

@@ -20,12 +20,16 @@ import copy
 import io
 import linecache
 import os
+import pathlib
+import sys
 import tarfile
 
 import torch
-import workloads
 
 import remat
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+from zoo import workloads  # noqa: E402
 
 
 def _frame(frames: list[dict]) -> tuple[str, int, str]:

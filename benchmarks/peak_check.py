@@ -4,7 +4,7 @@
     python benchmarks/peak_check.py                                   # GPU: full sizes, bf16, CUDA
     python benchmarks/peak_check.py --device cpu --size small --dtype float32   # CPU self-check
 
-For each workload (``benchmarks/workloads.py``) it wraps a fresh copy of the model with
+For each workload (``zoo/workloads.py``) it wraps a fresh copy of the model with
 ``remat.checkpoint(model, backend=..., budget=b)`` for the default plan (``b=None``) and for
 budgets of 25, 50, 75 and 100% of eager autograd's peak, runs one step to compile it, then
 measures the peak of the step the prediction describes: ``out = f(x); out.backward(g)`` with
@@ -22,15 +22,18 @@ import copy
 import gc
 import json
 import os
+import pathlib
 import sys
 import time
 import traceback
 
 import torch
-import workloads
 
 import remat
 from remat import compat
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+from zoo import workloads  # noqa: E402
 
 BUDGETS = (None, 0.25, 0.5, 0.75, 1.0)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import pathlib
+import sys
 
 import torch
-import workloads
 from bench import step_peak_bytes  # this folder's benchmark script (run from benchmarks/ or the repo root)
 
 import remat
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+from zoo import workloads  # noqa: E402
 
 
 def main(argv=None) -> None:

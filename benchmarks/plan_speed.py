@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import pstats
 import statistics
 import sys
@@ -37,12 +38,14 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import workloads
 
 import remat
 from remat.capture import partition
 from remat.options import Options
 from remat.planning import planner
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+from zoo import workloads  # noqa: E402
 
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Write the benchmark tables of README.md and benchmarks/README.md from the JSON files here.
+"""Write the benchmark tables of README.md and benchmarks/README.md from the JSON files under results/.
 
     python benchmarks/render.py           # rewrite every table between render markers, and the plots
     python benchmarks/render.py --check   # exit 1 if a table or plot differs from what the JSON gives
@@ -21,29 +21,38 @@ import re
 import sys
 from collections.abc import Callable
 
+import render_attention
 import render_long_context
 import render_real_models
+import render_tuning
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 FILES = (ROOT / "README.md", HERE / "README.md")
-RESULTS = "results-h200-run7.json"
-PEAK = "peak-check-h200.json"
-PEAK_DEEP = "peak-check-h200-deep.json"
-EAGER_OVERHEAD = "eager-overhead-cpu.json"
-OLDER = "results-h200-run5.json"
-DDP_SPLIT = ("distributed-cpu-split-before.json", "distributed-cpu-split-after.json")
-DISTRIBUTED_H200 = ("distributed-h200-ws1.json", "distributed-h200-ws1-llama-ddp.json",
-                    "distributed-h200-ws1-llama-fsdp-ckpt.json")  # a later file's rows win
-ATTENTION_DROPOUT = "attention-dropout-h200.json"
-BUDGET_RUNS = ("real-models-h200-vit-budgets.json", "real-models-h200-s8-lm-budgets.json",
-               "real-models-h200-s8-resnet-budgets.json", "real-models-h200-s8-gpt2-budgets.json")
-BUDGET_DEFAULT = "real-models-h200-s7.json"  # the default plans' run of the real-model section
+H200 = "results/h200-torch2.11.0/"  # the folders of the runs, relative to benchmarks/: newest runs only
+CPU = "results/cpu-torch2.13.0/"
+RESULTS = H200 + "results-h200-run7.json"
+PEAK = H200 + "peak-check-h200.json"
+PEAK_DEEP = H200 + "peak-check-h200-deep.json"
+EAGER_OVERHEAD = CPU + "eager-overhead-cpu.json"
+OLDER = H200 + "results-h200-run5.json"
+DDP_SPLIT = (CPU + "distributed-cpu-split-before.json", CPU + "distributed-cpu-split-after.json")
+DISTRIBUTED_H200 = (H200 + "distributed-h200-ws1.json", H200 + "distributed-h200-ws1-llama-ddp.json",
+                    H200 + "distributed-h200-ws1-llama-fsdp-ckpt.json")  # a later file's rows win
+ATTENTION_DROPOUT = H200 + "attention-dropout-h200.json"
+BUDGET_RUNS = (H200 + "real-models-h200-vit-budgets.json", H200 + "real-models-h200-s8-lm-budgets.json",
+               H200 + "real-models-h200-s8-resnet-budgets.json", H200 + "real-models-h200-s8-gpt2-budgets.json")
+BUDGET_DEFAULT = H200 + "real-models-h200-s7.json"  # the default plans' run of the real-model section
 MIB = 1 << 20
 
 
 def _load(name: str) -> dict:
     return json.loads((HERE / name).read_text())
+
+
+def _file(name: str) -> str:
+    """A results file as a table cell names it: its name, the folder being the caption's."""
+    return pathlib.PurePath(name).name
 
 
 def _rows(doc: dict, workload: str) -> dict[str, dict]:
@@ -219,7 +228,7 @@ def distributed_h200() -> str:
         head = f"| {model} | {wrapper} | {strategy} |"
         if r.get("error"):
             kind, _, message = r["error"].partition(": ")
-            lines.append(f"{head} **{kind}** | {message.split(' (')[0]} | | | | | `{name}` |")
+            lines.append(f"{head} **{kind}** | {message.split(' (')[0]} | | | | | `{_file(name)}` |")
             continue
         cost = "-" if r.get("split_cost_bytes") is None else (
             f"{r['split_cost_bytes'] / MIB:.0f} ({r['split_cost_of_saving']:.1%})")
@@ -227,9 +236,10 @@ def distributed_h200() -> str:
         kept = "kept_bytes" if wrapper == "ddp" else "saved_bytes"
         lines.append(f"{head} {r['step_ms']:.2f} | {mib(r, 'peak_bytes')} | {r.get('graphs') or '-'} | "
                      f"{mib(r, kept) if r.get('graphs') else '-'} | {mib(r, unsplit) if r.get('graphs') else '-'} | "
-                     f"{cost} | `{name}` |")
+                     f"{cost} | `{_file(name)}` |")
     metas = [_load(n)["meta"] for n in DISTRIBUTED_H200]
-    lines += ["", "(" + "; ".join(f"`{n}`: {m['device']}, torch {m['torch']}, transformers {m.get('transformers')}, "
+    lines += ["", "(" + "; ".join(f"`{_file(n)}`: {m['device']}, torch {m['torch']}, "
+                                  f"transformers {m.get('transformers')}, "
                                   f"{m['date'][:16].replace('T', ' ')} UTC" for n, m in zip(DISTRIBUTED_H200, metas))
               + "; world size 1, bf16, batch 8 x 1024 (GPT-2) and 8 x 2048 (Llama) per rank)"]
     return "\n".join(lines)
@@ -258,7 +268,7 @@ def real_model_budgets() -> str:
     dates = []
     for name in BUDGET_RUNS:
         d = _load(name)
-        dates.append(f"`{name}` {d['date']}")
+        dates.append(f"`{_file(name)}` {d['date']}")
         for model, md in d["models"].items():
             comp = next((r for r in md["rows"] if r["strategy"] == "compile" and r.get("ms")), None)
             for r in md["rows"]:
@@ -274,7 +284,7 @@ def real_model_budgets() -> str:
         head = f"| {model} | {strategy.removeprefix('remat ')} |"
         if r.get("status") != "ok":
             why = (r.get("error") or "").split(". Raise")[0].replace("|", "/")
-            lines.append(f"{head} **{r.get('status')}** | {why} | | | | | | | | `{name}` |")
+            lines.append(f"{head} **{r.get('status')}** | {why} | | | | | | | | `{_file(name)}` |")
             continue
         budgets = [b for b in r.get("budget_mib") or [] if b]
         pred = r["predicted_peak_mib"]
@@ -283,9 +293,9 @@ def real_model_budgets() -> str:
         over = f"{r['peak_mib'] / budgets[0]:.3f}" if budgets else "-"
         lines.append(f"{head} {' / '.join(f'{b:.0f}' for b in budgets)} | {r['ms']:.2f} | "
                      f"{r['ms'] / comp['ms']:.3f} | {r['peak_mib']:.0f} | {pred:.0f} | {pred / r['peak_mib']:.3f} | "
-                     f"{over} | {r['peak_mib'] / defaults[model]['peak_mib']:.3f} | {compiles} | `{name}` |")
+                     f"{over} | {r['peak_mib'] / defaults[model]['peak_mib']:.3f} | {compiles} | `{_file(name)}` |")
     lines += ["", f"(NVIDIA H200, torch 2.11, bfloat16; {'; '.join(dates)}; the default plans' measured peaks from "
-                  f"`{BUDGET_DEFAULT}`. Predicted as in the section above; GPT-2 runs as two graphs (a graph "
+                  f"`{_file(BUDGET_DEFAULT)}`. Predicted as in the section above; GPT-2 runs as two graphs (a graph "
                   "break before the loss), and a budget bounds each graph's plan: the first graph's holds the "
                   "step's peak.)"]
     return "\n".join(lines)
@@ -297,6 +307,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "distributed-h200": distributed_h200, "attention-dropout": attention_dropout,
     "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
     "long-context": render_long_context.section, "real-model-budgets": real_model_budgets,
+    "attention-check": render_attention.section, "measured-plans": render_tuning.section,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 

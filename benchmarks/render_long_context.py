@@ -2,12 +2,12 @@
 ``long_context.py`` run (the script writes its own ``<tag>.md`` and ``<tag>.png`` with these
 functions, so a run's files and the README agree).
 
-Which file. The newest (by its ``date`` field, then by name) ``long-context-*.json`` in this
-folder that is not a ``--tiny`` smoke run; while there is none the section says so and names the
-command that makes one. Its plot is ``<the JSON's name>.png`` beside it, drawn from the JSON:
-like the real-model plots it carries a digest of its data and drawing code in its ``Comment``
-chunk (``render_real_models.png_comment`` reads it), so ``render.py --check`` compares digests,
-not pixels. Importing this module needs no
+Which file. The newest (by its ``date`` field, then by name) ``long-context-*.json`` in
+``RESULTS`` (render_real_models) that is not a ``--tiny`` smoke run; while there is none the
+section says so and names the command that makes one. Its plot is ``<the JSON's name>.png``
+beside it, drawn from the JSON: like the real-model plots it carries a digest of its data and
+drawing code in its ``Comment`` chunk (``render_real_models.png_comment`` reads it), so
+``render.py --check`` compares digests, not pixels. Importing this module needs no
 torch and no matplotlib; only drawing needs matplotlib.
 """
 
@@ -19,7 +19,7 @@ import shlex
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository: `benchmarks` as a package
-from benchmarks.render_real_models import Figure, plot_digest  # noqa: E402
+from benchmarks.render_real_models import RESULTS, Figure, plot_digest, shown  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 RUN_GLOB = "long-context-*.json"
@@ -36,7 +36,7 @@ def _load(path: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
-def newest_run(folder: pathlib.Path = HERE) -> pathlib.Path | None:
+def newest_run(folder: pathlib.Path = RESULTS) -> pathlib.Path | None:
     """The newest non-tiny ``RUN_GLOB`` file, or None."""
     runs = [p for p in sorted(folder.glob(RUN_GLOB)) if not _load(p).get("tiny") and "strategies" in _load(p)]
     return max(runs, key=lambda p: (_load(p).get("date", ""), p.name)) if runs else None
@@ -162,16 +162,16 @@ def markdown(doc: dict, name: str = "") -> str:
     return "\n".join(lines)
 
 
-def section(folder: pathlib.Path = HERE) -> str:
+def section(folder: pathlib.Path = RESULTS) -> str:
     """The generated Markdown of benchmarks/README.md: the newest run and its plot, or a line
     saying that no run is recorded yet."""
     path = newest_run(folder)
     if path is None:
         return (f"No run is recorded here yet: `{COMMAND}` on a GPU writes it (`out/long-context-h200.json`); "
-                "copy that file into `benchmarks/` and run `python benchmarks/render.py`.")
+                "copy that file into `benchmarks/results/<gpu>-torch<version>/` and run `python benchmarks/render.py`.")
     doc = _load(path)
-    png = path.with_suffix(".png").name
-    return markdown(doc, path.name) + f'\n\n<img src="{png}" width="70%" alt="tokens/s against sequence length">'
+    png = shown(path.with_suffix(".png"))
+    return markdown(doc, shown(path)) + f'\n\n<img src="{png}" width="70%" alt="tokens/s against sequence length">'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def title(doc: dict) -> str:
     return f"HF Llama, batch 1, under {doc['cap']}\n{doc['device']}, torch {doc['torch']}, {doc['date']}"
 
 
-def figures(folder: pathlib.Path = HERE) -> list[Figure]:
+def figures(folder: pathlib.Path = RESULTS) -> list[Figure]:
     """The newest run's plot, with the digest its file must carry (none without a run)."""
     path = newest_run(folder)
     if path is None:

@@ -2,7 +2,7 @@
 against torch.compile, and one frontier plot per model, from the JSON files of ``real_models.py``.
 
 Which files. The run is the newest (by its ``date`` field, then by name) ``real-models-h200*.json``
-in this folder that measured torch.compile on all of ``MODELS``; a partial rerun (one model, a
+in ``RESULTS`` that measured torch.compile on all of ``MODELS``; a partial rerun (one model, a
 few strategies) never replaces it. The anchors are ``anchors-h200-torch<version>.json`` for the
 run's torch version: strategies the run lacks (eager + checkpoint, compile with a budget,
 compile + checkpoint) come from there, marked with the anchors run's date.
@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "h200-torch2.11.0"
+"""The runs the GPU sections are written from: ``results/<gpu>-torch<version>/``, newest runs only."""
 RUN_GLOB = "real-models-h200*.json"
 ANCHORS = "anchors-h200-torch{version}.json"
 FIGURE = "real-models-frontier-{model}.png"
@@ -88,7 +90,15 @@ def _full(doc: dict) -> bool:
                for m in MODELS)
 
 
-def newest_run(folder: pathlib.Path = HERE) -> pathlib.Path:
+def shown(path: pathlib.Path) -> str:
+    """``path`` as benchmarks/README.md names it: relative to ``benchmarks/`` (its name alone outside it)."""
+    try:
+        return path.resolve().relative_to(HERE).as_posix()
+    except ValueError:
+        return path.name
+
+
+def newest_run(folder: pathlib.Path = RESULTS) -> pathlib.Path:
     """The newest ``RUN_GLOB`` file that measured torch.compile on every model."""
     runs = [p for p in sorted(folder.glob(RUN_GLOB)) if _full(_load(p))]
     if not runs:
@@ -96,7 +106,7 @@ def newest_run(folder: pathlib.Path = HERE) -> pathlib.Path:
     return max(runs, key=lambda p: (_load(p)["date"], p.name))
 
 
-def anchors_path(run: dict, folder: pathlib.Path = HERE) -> pathlib.Path:
+def anchors_path(run: dict, folder: pathlib.Path = RESULTS) -> pathlib.Path:
     return folder / ANCHORS.format(version=run["torch"].split("+")[0])
 
 
@@ -204,20 +214,18 @@ def _missing(items: list[Entry]) -> str:
     return f"Not measured in either file: {'; '.join(parts)}." if parts else ""
 
 
-def headline(folder: pathlib.Path = HERE) -> str:
-    """The top-level README's quote of the newest run: its geomean line, its commands and notes."""
+def headline(folder: pathlib.Path = RESULTS) -> str:
+    """The top-level README's quote of the newest run: its geomean line and its file; the commands,
+    notes and rows are in benchmarks/README.md's section only (one home for each)."""
     path = newest_run(folder)
     run = _load(path)
     apath = anchors_path(run, folder)
     items = entries(run, _load(apath) if apath.exists() else None)
-    lines = [geomean_line(items, run) + f" From `benchmarks/{path.name}`, produced by:", ""]
-    lines += [f"    {_command(r['argv'])}" for r in run.get("runs") or [run]]
-    for note in run.get("notes") or []:
-        lines += ["", note]
-    return "\n".join(lines)
+    return (geomean_line(items, run) + f" From `benchmarks/{shown(path)}`; its commands, notes and every row: "
+            "the first section of `benchmarks/README.md`.")
 
 
-def section(folder: pathlib.Path = HERE) -> str:
+def section(folder: pathlib.Path = RESULTS) -> str:
     """The generated Markdown: caption, table, geomean, commands, plots."""
     path = newest_run(folder)
     run = _load(path)
@@ -227,8 +235,8 @@ def section(folder: pathlib.Path = HERE) -> str:
     dtype = str(run["dtype"]).removeprefix("torch.")
     about = [run["device"], f"torch {run['torch']}", dtype, *run.get("libraries", [])]
     lines = [f"{', '.join(about)}; "
-             f"run of {run['date']}: `benchmarks/{path.name}`, "
-             + (f"anchors: `benchmarks/{apath.name}`." if anchors else f"no anchors file ({apath.name})."), ""]
+             f"run of {run['date']}: `benchmarks/{shown(path)}`, "
+             + (f"anchors: `benchmarks/{shown(apath)}`." if anchors else f"no anchors file ({apath.name})."), ""]
     lines += table(items) + ["", geomean_line(items, run), ""]
     for r in run.get("runs") or [run]:  # a merged file (``real_models.py --report``) lists its runs
         lines.append(f"Run of {r['date']}: `{_command(r['argv'])}` ({run['warmup']} warm-up, {run['iters']} "
@@ -240,7 +248,8 @@ def section(folder: pathlib.Path = HERE) -> str:
             lines.append(f"Anchors run of {a['date']}: `{_command(a['argv'])}`.")
     missing = _missing(items)
     lines += [missing] if missing else []
-    lines += ["", " ".join(f'<img src="{FIGURE.format(model=m)}" width="49%" alt="{m} frontier">' for m in MODELS)]
+    lines += ["", " ".join(f'<img src="{shown(folder / FIGURE.format(model=m))}" width="49%" alt="{m} frontier">'
+                           for m in MODELS)]
     return "\n".join(lines)
 
 
@@ -318,7 +327,7 @@ class Figure:
     write: Callable[[], None]
 
 
-def figures(folder: pathlib.Path = HERE) -> list[Figure]:
+def figures(folder: pathlib.Path = RESULTS) -> list[Figure]:
     """One frontier plot per model, with the digest its file must carry."""
     run = _load(newest_run(folder))
     apath = anchors_path(run, folder)

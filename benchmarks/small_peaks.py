@@ -1,5 +1,5 @@
 """Predicted against measured peak on CPU for the small real-model families of
-``tests/small_models.py`` (tiny HF GPT-2 and Llama, hand-built ViT and ResNet bottlenecks):
+``zoo/small.py`` (tiny HF GPT-2 and Llama, hand-built ViT and ResNet bottlenecks):
 eager autograd's measured and predicted peak (``Plan.eager_peak_bytes``), and remat's measured
 peak against ``Plan.predicted_peak_bytes`` (the peak read from Inductor's memory plan under the
 Inductor backend, the op-by-op simulation under the uncompiled one) and the simulator's
@@ -21,7 +21,7 @@ import torch
 
 import remat
 from remat.plan import Plan
-from tests import small_models
+from zoo import small as small_models
 
 MiB = 2**20
 

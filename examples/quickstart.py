@@ -20,8 +20,8 @@ import torch
 import remat
 from remat.plan import format_bytes
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import workloads  # noqa: E402  (the reference models live beside the benchmarks, not in the package)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from zoo import workloads  # noqa: E402  (the reference models live in zoo/, not in the package)
 
 
 def factory() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:

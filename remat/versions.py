@@ -2,7 +2,7 @@
 behaviour of torch that its predictions copy or were measured against, each with the torch
 versions it was checked on and what happens when a torch release changes it. The prose of the
 package cites entries by name (``versions.HOOKS["inductor_partitioner"]``) instead of repeating
-version numbers; ``tests/test_versions.py`` checks that every entry is used where it says and
+version numbers; ``tests/structure/test_versions.py`` checks that every entry is used where it says and
 that every private torch name the package uses is in the table.
 
 Note [Version drift]
@@ -92,7 +92,7 @@ HOOKS: dict[str, Hook] = {
         ("torch.nn.Module._call_impl", "torch.nn.Module._compiled_call_impl", "torch.nn.Module._modules",
          "torch.nn.Module._forward_pre_hooks", "torch._dynamo.eval_frame.OptimizedModule._orig_mod"),
         ("remat.capture.wrap",), _BOTH, OnDrift.UNDETECTED,
-        "A wrapped module would run without remat (tests/test_api.py notices)."),
+        "A wrapped module would run without remat (tests/entry/test_api.py notices)."),
     "pytree": Hook(
         "the tensors of nested outputs", ("torch.utils._pytree.tree_leaves",), ("remat.compat",), _BOTH,
         OnDrift.FAILS, "remat cannot be imported."),
@@ -265,7 +265,7 @@ HOOKS: dict[str, Hook] = {
         "Gradients are unaffected, but one C++ function may hold every block's buffers between two extern "
         "kernels, above the predicted peak.",
         "The patch installs on both; its effect was measured on 2.13's CPU backend "
-        "(tests/test_stage_fusion.py)."),
+        "(tests/backends/test_stage_fusion.py)."),
     "lowering_tables": Hook(
         "which ops Inductor runs as extern kernels (a lowering fact of the peak model)",
         ("torch._inductor.lowering", "torch._inductor.lowering.needs_realized_inputs",
@@ -364,7 +364,8 @@ HOOKS: dict[str, Hook] = {
     "aten_cpu_flash_attention_scratch": Hook(
         "ATen's CPU flash attention's per-thread blocks", ("native/cpu/FlashAttentionKernel.cpp",),
         ("remat.backends.aten_scratch",), ("2.13",), OnDrift.UNDETECTED,
-        "Predicted peaks of CPU attention drift.", "Checked against the profiler (tests/test_fusion_peak.py)."),
+        "Predicted peaks of CPU attention drift.",
+        "Checked against the profiler (tests/backends/test_fusion_peak.py)."),
 }
 
 

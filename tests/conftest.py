@@ -106,10 +106,9 @@ def assert_same_training(make_model, inputs, backend, *, steps=1, lr=0.0, atol=N
 
 @pytest.fixture(scope="session")
 def report_plan():
-    """The plan of ``tests/report_model.py:factory`` (planned once per session)."""
+    """The plan of ``zoo/report_model.py:factory`` (planned once per session)."""
     import remat
-
-    from .report_model import factory
+    from zoo.report_model import factory
 
     torch._dynamo.reset()
     model, args = factory()

@@ -8,6 +8,12 @@ benchmark's size for one H200 and at a ``tiny`` size for CPU smoke runs.
 
 ``SUITE`` is the ordered list of names; ``MODELS[name]`` says the model's library, family and what
 it exercises. The repository root must be on ``sys.path`` (the benchmark scripts put it there).
+
+The other models tests and benchmarks share, each a module here: ``workloads`` (the reference
+workloads pointwise, mlp and gpt, at any size), ``families`` (small CPU configurations of the
+real-model families with their per-block checkpointed twins), ``small`` (small GPT-2, Llama, ViT
+and ResNet for the peak tests and plan pins), ``modules`` (small modules for equivalence tests)
+and ``report_model`` (the fixed model of the golden report table: do not edit its lines).
 """
 
 from __future__ import annotations

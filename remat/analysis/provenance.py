@@ -61,7 +61,7 @@ it compiles the method's own frame."""
 
 def clean_module_paths(gm: fx.GraphModule) -> None:
     """Drop the step Dynamo puts in the module paths of modules it reached through a wrapped
-    module's own ``forward`` method (Note [One frame per wrapped module] in ``remat/api.py``),
+    module's own ``forward`` method (Note [One frame per wrapped module] in ``remat/capture/wrap.py``),
     bound to a weak reference to the module: ``m.forward.__self__.ref()`` is ``m``, and in the
     method's own frame ``self.ref()`` is the module, named as ``self`` would be."""
     for node in gm.graph.nodes:

@@ -53,7 +53,7 @@ def cpu_flash_attention_scratch(node: fx.Node, backward: bool) -> int:
     sum and an output block; the backward a score block and its gradient (plus a row sum), and
     bf16/fp16 copies of the score blocks for low-precision inputs; the backward also copies an
     output gradient that is not contiguous in its layout. Checked against the profiler
-    (``versions.HOOKS["aten_cpu_flash_attention_scratch"]``, tests/test_fusion_peak.py)."""
+    (``versions.HOOKS["aten_cpu_flash_attention_scratch"]``, tests/backends/test_fusion_peak.py)."""
     ins = [a.meta.get("val") for a in node.args[:4] if isinstance(a, fx.Node)]
     query = ins[1] if backward and len(ins) > 1 else (ins[0] if ins else None)
     key = ins[2] if backward and len(ins) > 2 else (ins[1] if len(ins) > 1 else None)

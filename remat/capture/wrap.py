@@ -100,7 +100,7 @@ class _WeakSelf:
     ``forward.__self__.ref().<path>``, which ``capture.clean_module_paths`` shortens. Nor may a
     function that outlives a call hold a module, and a nested function that calls itself is a
     cycle that holds what it refers to until the collector runs (``_visit``).
-    ``tests/test_no_cycle.py`` checks that ``del`` frees a wrapped module with the collector off.
+    ``tests/entry/test_no_cycle.py`` checks that ``del`` frees a wrapped module with the collector off.
     Dynamo's own trace of a forward that breaks the graph (DDP's does) can leave cyclic garbage
     that refers to the module, as it does under ``torch.compile(DDP(model))``; only the
     collector frees that."""

@@ -30,7 +30,7 @@ __all__ = ["source_side", "Recut", "Residual"]
 # same to the bit; floats included. The source side is then read as ``nx.minimum_cut`` reads it:
 # the vertices that cannot reach the sink through unsaturated edges. (The minimum cut it names
 # does not depend on which maximum flow is found, in exact arithmetic; with float capacities the
-# same steps are what keeps it the same.) ``tests/test_solver.py`` compares both on random
+# same steps are what keeps it the same.) ``tests/core/test_solver.py`` compares both on random
 # networks, with networkx as the oracle.
 
 

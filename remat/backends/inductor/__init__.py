@@ -15,7 +15,7 @@ interface (``remat.backends.base.Backend``):
 Every Inductor internal they use or copy is an entry of the version table (``remat.versions``:
 the torch versions it was checked on, what remat does when it drifts, Note [Version drift]).
 
-No module outside this package imports ``torch._inductor`` (tests/test_architecture.py).
+No module outside this package imports ``torch._inductor`` (tests/structure/test_architecture.py).
 """
 
 from .backend import InductorBackend

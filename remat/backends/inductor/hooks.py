@@ -27,7 +27,7 @@ __all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_
 # recomputes the chain in another fusion then sees other bits than the forward's, and remat's
 # gradients would depend on which values it chose to recompute. ``emulate_precision_casts``
 # (versions.HOOKS["recompute_precision"]) keeps every cast that eager autocast performs, so a
-# recomputed value equals the forward's bit for bit (tests/test_training_conditions.py checks it
+# recomputed value equals the forward's bit for bit (tests/correctness/test_training_conditions.py checks it
 # against a plan that recomputes nothing). Its cost is a few conversion instructions in
 # bandwidth-bound kernels.
 

@@ -1,0 +1,331 @@
+"""Budgets, the frontier, and the peak simulator against measured memory."""
+
+import copy
+import random
+
+import numpy as np
+import pytest
+import scipy.optimize as scipy_optimize
+import torch
+
+import remat
+from remat import compat
+from remat.budget import parse_budget
+from remat.core.frontier import best_within_bytes, hull
+from remat.core.solver import ConflictError, Problem
+from remat.plan import Plan, SavedTensor
+from remat.planning.candidates import Candidate
+from remat.planning.choice import Attempt, choose
+from zoo import workloads
+
+# --- the frontier against an ILP oracle ------------------------------------------------------
+
+def random_problem(rng: random.Random, n: int) -> Problem:
+    inputs = []
+    for v in range(n):
+        k = rng.randint(0, min(v, 3))
+        inputs.append(tuple(sorted(rng.sample(range(v), k))))
+    cost = tuple(rng.choice([1, 2, 4, 8, 16, 64]) for _ in range(n))
+    needed = frozenset(rng.sample(range(n), rng.randint(1, max(1, n // 3))))
+    no_recompute = {v: "input" for v in range(n) if not inputs[v]}
+    no_save = {v: "view" for v in range(n) if inputs[v] and rng.random() < 0.1}
+    rc = tuple(0.0 if (not inputs[v] or rng.random() < 0.2) else rng.choice([0.1, 0.5, 1, 3, 10])
+               for v in range(n))
+    return Problem(tuple(inputs), cost, needed, no_recompute, no_save, recompute_cost=rc)
+
+
+def ilp(p: Problem, weight: float | None = None, budget: int | None = None) -> float | None:
+    """min bytes + weight * time, or min time s.t. bytes <= budget. Variables: s_v (saved),
+    r_v (recomputed); needed values are saved or recomputed; a recomputed value's inputs are
+    saved or recomputed."""
+    n = p.n
+    c = np.zeros(2 * n)
+    if weight is not None:
+        c[:n] = p.cost
+        c[n:] = [weight * t for t in p.recompute_cost]
+    else:
+        c[n:] = p.recompute_cost
+    rows, lo, hi = [], [], []
+    for v in p.needed:
+        r = np.zeros(2 * n)
+        r[v] = r[n + v] = 1
+        rows.append(r), lo.append(1), hi.append(np.inf)
+    for v in range(n):
+        for u in p.inputs[v]:
+            r = np.zeros(2 * n)
+            r[n + v], r[u], r[n + u] = 1, -1, -1
+            rows.append(r), lo.append(-np.inf), hi.append(0)
+    if budget is not None:
+        r = np.zeros(2 * n)
+        r[:n] = p.cost
+        rows.append(r), lo.append(-np.inf), hi.append(budget)
+    ub = np.ones(2 * n)
+    for v in p.no_recompute:
+        ub[n + v] = 0
+    for v in p.no_save:
+        ub[v] = 0
+    res = scipy_optimize.milp(c, constraints=scipy_optimize.LinearConstraint(np.array(rows), lo, hi),
+                              integrality=np.ones(2 * n), bounds=scipy_optimize.Bounds(np.zeros(2 * n), ub))
+    return res.fun if res.success else None
+
+
+def test_frontier_vertices_and_budget_queries_match_ilp():
+    rng = random.Random(0)
+    graphs = vertices = queries = 0
+    for _ in range(100):
+        p = random_problem(rng, rng.randint(5, 40))
+        try:
+            vs = hull(p)
+        except ConflictError:
+            continue
+        graphs += 1
+        for s in vs:  # each vertex is optimal for the weight it was found at
+            if s.weight is None:
+                continue
+            ref = ilp(p, weight=s.weight)
+            assert s.cost + s.weight * s.time == pytest.approx(ref, rel=1e-6, abs=1e-9)
+            vertices += 1
+        budgets = sorted({s.cost for s in vs}) + [(vs[0].cost + vs[-1].cost) // 2]
+        for b in budgets:
+            ref = ilp(p, budget=b)
+            got = best_within_bytes(p, vs, b)
+            if ref is None:
+                continue
+            assert got is not None and got.cost <= b
+            assert got.time <= ref * 1.03 + 1e-12, (b, got, ref)
+            queries += 1
+    assert graphs >= 90 and vertices >= 200 and queries >= 300
+
+
+# --- budgets on the workloads ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_budget_sweep_is_monotone(name):
+    model, x = workloads.build(name, "medium")
+    frontier = remat.pareto(model, x)
+    peaks = sorted({p.predicted_peak_bytes for p in frontier.points})
+    lo, hi = peaks[0], int(frontier.eager_peak_bytes * 1.2)
+    last_peak, last_time = None, None
+    # The set of plans that fit, hence the choice, changes only at a frontier point's peak: a
+    # budget at each peak (and one above eager's) covers every choice the sweep can make.
+    budgets = sorted({*peaks, hi}, reverse=True)
+    for b in budgets:
+        torch._dynamo.reset()
+        plan = remat.explain(model, x, budget=int(b))
+        assert plan.predicted_peak_bytes <= b
+        if last_peak is not None:
+            assert plan.predicted_peak_bytes <= last_peak
+            assert plan.recompute_seconds >= last_time
+        last_peak, last_time = plan.predicted_peak_bytes, plan.recompute_seconds
+    with pytest.raises(remat.InfeasibleBudgetError, match=r"^remat: no plan fits .*smallest predicted peak"):
+        remat.explain(model, x, budget=lo - 1)
+
+
+def measured_peak(model, x):
+    """Peak bytes allocated during one step on CPU (profiler allocation trace; see compat)."""
+    out = model(x)
+    out.backward(torch.ones_like(out))  # compile first
+    x.grad = None
+    for p in model.parameters():
+        p.grad = None
+
+    def step():
+        out = model(x)
+        out.backward(torch.randn_like(out))
+
+    return compat.measure_cpu_peak_bytes(step)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_predicted_peak_matches_measured(name, fraction):
+    model, x = workloads.build(name, "medium")
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=fraction)
+    try:
+        measured = measured_peak(rm, x)
+    except remat.InfeasibleBudgetError as e:
+        # Infeasible budgets must say what is feasible, and that must really be larger. (At
+        # these depths a quarter of eager's peak is below every plan; the deep sizes fit it.)
+        assert "smallest predicted peak" in str(e) and fraction < 1.0
+        torch._dynamo.reset()
+        f = remat.pareto(remat.checkpoint(model, backend="eager"), x)
+        assert int(fraction * f.eager_peak_bytes) < min(p.predicted_peak_bytes for p in f.points)
+        return
+    (plan,) = remat.compiled_plans(rm)
+    assert plan.budget_bytes is not None and plan.predicted_peak_bytes <= plan.budget_bytes
+    assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured
+
+
+def test_default_plan_predicted_peak_matches_measured():
+    for name in workloads.WORKLOADS:
+        model, x = workloads.build(name, "medium")
+        rm = remat.checkpoint(copy.deepcopy(model), backend="eager")
+        measured = measured_peak(rm, x)
+        (plan,) = remat.compiled_plans(rm)
+        assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured, name
+
+
+def test_budget_may_recompute_matmuls_but_never_random_ops():
+    def f(x, w):
+        h = torch.nn.functional.dropout(x @ w, 0.5)
+        for _ in range(4):
+            h = (h @ w).tanh() @ w
+        return h.sum(dim=1)
+
+    x = torch.randn(512, 64, requires_grad=True)
+    w = torch.randn(64, 64, requires_grad=True)
+    frontier = remat.pareto(remat.checkpoint(f, backend="eager"), x, w)
+    low = frontier.points[-1]
+    assert "aten.mm.default" in low.recompute_counts()  # matmuls give way under pressure
+    for p in frontier.points:
+        assert not any(op.startswith(("aten.rand", "aten.bernoulli", "aten.native_dropout"))
+                       for op in p.recomputed_ops)
+
+
+def test_frontier_table_and_plot(tmp_path):
+    import matplotlib  # noqa: F401  (in the [test] extra: plot needs it)
+    model, x = workloads.build("mlp")
+    frontier = remat.pareto(model, x)
+    text = str(frontier)
+    assert text.startswith("remat frontier:") and "predicted peak" in text
+    path = frontier.plot(str(tmp_path / "f.png"))
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_pareto_lists_only_non_dominated_plans_and_marks_the_default(name):
+    torch._dynamo.reset()
+    model, x = workloads.build(name, "medium")
+    f = remat.pareto(model, x)
+    pts = [(p.predicted_peak_bytes, p.recompute_seconds) for p in f.points]
+    for a in pts:
+        assert not any(b[0] <= a[0] and b[1] <= a[1] and b != a for b in pts), (a, pts)
+    times = [t for _, t in pts]
+    peaks = [pk for pk, _ in pts]
+    assert times == sorted(times) and peaks == sorted(peaks, reverse=True)  # the curve only goes down
+    assert f.default is not None
+    text = str(f)
+    if f.dominating_default() is None:
+        assert "(default)" in text
+    else:
+        assert "beats it on both" in text
+
+
+def _plan(peak, secs, name):
+    return Plan(saved=(SavedTensor(name, "aten.mul.Tensor", nbytes=1, reason="min-cut boundary"),), recomputed=(),
+                predicted_peak_bytes=peak, recompute_seconds=secs)
+
+
+def test_a_budget_the_default_plan_fits_gives_the_default_plan():
+    default = Candidate((0,), (), _plan(100, 2.0, "d"), "default")
+    bigger_faster = Candidate((1,), (), _plan(150, 0.5, "b"), "hull")
+    smaller_faster = Candidate((2,), (), _plan(90, 1.0, "s"), "hull")
+    smaller_slower = Candidate((3,), (), _plan(50, 3.0, "t"), "segments")
+    cands = [default, bigger_faster, smaller_faster, smaller_slower]
+    assert choose(cands, 10**9, 200) is default  # the default plan fits: no trade on an estimate
+    assert choose(cands, 100, 200) is default
+    assert choose([default, bigger_faster], 10**9, 200) is default
+    assert choose(cands, 99, 200) is smaller_faster  # below the default's peak: the fastest that fits
+    last = Attempt(last=True)  # the budget's last compile: the smallest that fits
+    assert choose(cands, 99, 200, attempt=last) is smaller_slower
+    assert choose(cands, 89, 200) is smaller_slower
+    with pytest.raises(remat.InfeasibleBudgetError, match="smallest predicted peak for this graph is 50 B"):
+        choose(cands, 49, 200)
+
+
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_no_budget_raises_the_predicted_peak_above_the_default_plan(name):
+    torch._dynamo.reset()
+    model, x = workloads.build(name, "medium")
+    default = remat.explain(model, x)
+    for fraction in (1.0, 0.9, 0.75):
+        torch._dynamo.reset()
+        try:
+            plan = remat.explain(model, x, budget=fraction)
+        except remat.InfeasibleBudgetError:
+            continue
+        assert plan.predicted_peak_bytes <= default.predicted_peak_bytes
+
+
+# --- bad budgets -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, why", [
+    (-5, "bytes must be positive"),
+    (0, "bytes must be positive"),
+    (1.5, "must lie in \\(0, 1\\]"),
+    ("lots", "unparsable"),
+    ([1, 2], "a list is not a budget"),
+    (True, "a bool is not a budget"),
+])
+def test_bad_budget(bad, why):
+    with pytest.raises(remat.RematError, match=rf"^remat: budget must be .*got .*{why}.*Example"):
+        remat.checkpoint(torch.nn.Linear(2, 2), budget=bad)
+
+
+def test_budget_strings():
+    assert parse_budget("6GiB").nbytes == 6 * 2**30
+    assert parse_budget("800MB").nbytes == 800 * 10**6
+    assert parse_budget("1.5 gb").nbytes == 1_500_000_000
+    assert parse_budget(0.5).fraction == 0.5
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_no_plan_goes_under_the_floor(backend):
+    # The floor (gradients, outputs, output gradients and the backward ops' operands) bounds
+    # every plan of the frontier from below; on small mlp and gpt the parameter gradients alone
+    # exceed a quarter of eager's peak, so a 25% budget is proven infeasible and the error says so.
+    for name in workloads.WORKLOADS:
+        torch._dynamo.reset()
+        model, x = workloads.build(name, "small")
+        f = remat.pareto(remat.checkpoint(model, backend=backend), x)
+        assert 0 < f.peak_floor_bytes <= min(p.predicted_peak_bytes for p in f.points)
+        assert all(p.peak_floor_bytes == f.peak_floor_bytes for p in f.points)
+        if name != "pointwise":
+            assert f.peak_floor_bytes > f.eager_peak_bytes // 4
+            torch._dynamo.reset()
+            with pytest.raises(remat.InfeasibleBudgetError, match="none of remat's plans can fit it"):
+                remat.explain(remat.checkpoint(model, backend=backend), x, budget=0.25)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize("name", workloads.WORKLOADS)
+def test_deep_workloads_fit_every_budget_and_match_measured(name, fraction):
+    # At the "deep" sizes every budget down to a quarter of eager's peak is feasible: the plan
+    # fits it, and its predicted peak equals the measured one within 5% (op by op: exactly).
+    model, x = workloads.build(name, "deep")
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=fraction)
+    measured = measured_peak(rm, x)
+    (plan,) = remat.compiled_plans(rm)
+    assert plan.predicted_peak_bytes <= plan.budget_bytes == int(fraction * plan.eager_peak_bytes)
+    assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured, (plan.predicted_peak_bytes, measured)
+
+
+def test_a_budget_relaxes_the_cost_rules_only():
+    # The kind of a reason, not its text, says what a budget may relax: the built-in cost rules
+    # and what a backend keeps saved (Backend.keep_saved), never inputs, unsafe ops or user rules.
+    from remat.planning.decisions import GRAPH_INPUT, Decisions, Kind, Reason
+    from remat.policy import BUILTIN_RULES
+
+    by_name = {r.name: r for r in BUILTIN_RULES}
+    assert {r.name for r in BUILTIN_RULES if Reason.of_rule(r, user=False).kind is Kind.COST} == {
+        "matmul", "attention", "reduction", "normalization boundary"}
+    reasons = {0: GRAPH_INPUT, 1: Reason.of_rule(by_name["matmul"], user=False), 2: Reason("index source", Kind.COST),
+               3: Reason.of_rule(by_name["random op"], user=False), 4: Reason.of_rule(by_name["matmul"], user=True)}
+    decided = Decisions(dict(reasons), {}, dict(reasons))
+    relaxed = decided.relaxed()
+    assert sorted(relaxed.no_recompute) == [0, 3, 4]
+    assert relaxed.reasons == decided.reasons  # what plans print stays
+    assert [str(reasons[k]) for k in (1, 4)] == ["matmul", "user rule `matmul`"]
+    assert relaxed.saved_reason(3) == "random op" and relaxed.saved_reason(1) == "min-cut boundary"
+
+
+def test_dominance_has_one_definition():
+    from remat.plan_data import Tradeoff
+    from remat.planning.candidates import non_dominated
+
+    a, b, c = Tradeoff(100, 1.0), Tradeoff(100, 2.0), Tradeoff(100, 1.0)
+    assert a.dominates(b) and not b.dominates(a) and a.no_worse(c) and not a.dominates(c)
+    plans = [_plan(100, 2.0, "d"), _plan(150, 0.5, "b"), _plan(90, 1.0, "s"), _plan(90, 1.0, "s2"), _plan(95, 3.0, "x")]
+    kept = non_dominated(plans)
+    assert [p.saved[0].name for p in kept] == ["b", "s"]  # of the equal pair, the first
+    assert not any(q.tradeoff.dominates(p.tradeoff) for p in kept for q in plans)
