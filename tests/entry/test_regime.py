@@ -4,6 +4,7 @@ CPU a real step: its matmul FLOPs counted exactly, the model left as it was, the
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 
@@ -85,7 +86,8 @@ def test_regime_rejects_bad_input():
 
 
 def test_cli_regime_prints_the_three_parts():
-    out = subprocess.run([sys.executable, "-m", "remat", "regime", "examples/quickstart.py:factory"],
+    demo = pathlib.Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    out = subprocess.run([sys.executable, "-m", "remat", "regime", f"{demo}:factory"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     for part in ("regime of one training step on cpu", "compute", "bandwidth", "overhead", "kernel runs"):
