@@ -159,9 +159,22 @@ def test_peak_read_from_inductor_matches_measured(name):
 
 @pytest.mark.inductor
 @pytest.mark.slow
-def test_budget_is_kept_as_measured_after_replanning():
-    # At half of eager's peak the simulator's choice compiles to a peak over the budget: the
-    # graph is planned and compiled again until the read peak fits.
+def test_budget_is_kept_as_measured_after_replanning(monkeypatch):
+    # The first compile's plan is read over the budget (its reading doubled here: which plan
+    # Inductor compiles above its prediction depends on the model): the graph is planned and
+    # compiled again until the read peak fits, and the step keeps the budget as measured.
+    from remat.capture import dynamo_backend as capture
+
+    real, first = capture.RematBackend._apply_readings, []
+
+    def first_misses(self):
+        real(self)
+        for k, p in enumerate(self.plans):
+            if p.compiled_peak_bytes and (not first or first[0] == p.key):
+                first[:] = [p.key]
+                self.plans[k] = p.with_compiled_peak(2 * p.compiled_peak_bytes)
+
+    monkeypatch.setattr(capture.RematBackend, "_apply_readings", first_misses)
     model, loss = small_models.llama()
     rm = remat.checkpoint(copy.deepcopy(model), budget=0.5)
     measured = measured_peak(rm, rm, loss)
