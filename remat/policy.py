@@ -94,12 +94,36 @@ class OpInfo(OpFacts):
     forward: bool
     """True if the forward computes this op (it is an ancestor of a forward output)."""
     is_normalization_boundary: bool = False
+    written_as: str = ""
+    """The op the user wrote, where decompositions split it and this op produces its value (the
+    last ``aten.mul.Tensor`` of a decomposed ``aten.gelu.default``); ``""`` otherwise (Note
+    [Rules match the op the user wrote])."""
 
     @property
     def packet(self) -> str:
         """``"aten.mm"`` for ``"aten.mm.default"``."""
-        parts = self.op.split(".")
-        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
+        return _packet(self.op)
+
+    def names(self) -> tuple[str, ...]:
+        """The names an ``ops=`` pattern is matched against: the overload and packet of the op,
+        and of the op the user wrote (``written_as``)."""
+        names = (self.op, self.packet)
+        return names + (self.written_as, _packet(self.written_as)) if self.written_as else names
+
+
+def _packet(op: str) -> str:
+    parts = op.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 else op
+
+
+# Note [Rules match the op the user wrote]
+# Inductor's decompositions (which both backends trace the joint graph with) split ops before
+# planning: ``aten.gelu`` becomes mul, erf, add, mul. A rule names the op as the user wrote it
+# (``remat.save(ops="aten.gelu")``), so each decomposed node keeps the op it came from
+# (``meta["original_aten"]``, ``remat.analysis.provenance.decomposed_outputs``), and the node that
+# produces the value the user's op returned, the last of its decomposition that anything else
+# reads, answers to that op's name too (``OpInfo.written_as``). Saving the user's op saves that
+# value; recomputing it recomputes that value (its intermediates follow the cut as before).
 
 
 Predicate = Callable[[OpInfo], object]
@@ -109,7 +133,8 @@ Predicate = Callable[[OpInfo], object]
 class Rule:
     """A named rule. With ``predicate``, the predicate returns a Decision or None; otherwise
     the rule applies ``decision`` to ops matching any of ``ops`` (fnmatch patterns over the
-    overload name ``aten.mm.default`` or packet ``aten.mm``) and any of ``modules`` (fnmatch
+    overload name ``aten.mm.default`` or packet ``aten.mm``, or those of the op the user wrote:
+    ``OpInfo.written_as``) and any of ``modules`` (fnmatch
     patterns over the module path). An empty ``ops`` or ``modules`` matches everything."""
 
     name: str
@@ -132,9 +157,7 @@ class Rule:
                 f"{op.name} ({op.op}); expected remat.MUST_SAVE, remat.MUST_RECOMPUTE or None. "
                 "Fix the rule's return value."
             )
-        if self.ops and not any(
-            fnmatch.fnmatchcase(op.op, p) or fnmatch.fnmatchcase(op.packet, p) for p in self.ops
-        ):
+        if self.ops and not any(fnmatch.fnmatchcase(n, p) for n in op.names() for p in self.ops):
             return None
         if self.modules and not any(fnmatch.fnmatchcase(op.module, p) for p in self.modules):
             return None

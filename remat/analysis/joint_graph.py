@@ -28,7 +28,7 @@ from .halves import Halves, halves
 from .normalization import normalization_boundaries, statistics
 from .op_facts import NO_FACTS, op_facts, op_info, through_getitem, view_root
 from .ops import op_name
-from .provenance import module_path, source
+from .provenance import decomposed_outputs, module_path, source
 from .schedule import step_schedule
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ def _describe(values: list[fx.Node], index: dict[fx.Node, int],
     own = {n: op_facts(n, names[n]) for n in values if n.op == "call_function"}
     stat = statistics(values, own, names)
     boundaries = normalization_boundaries(values, stat, h.forward, own)
+    written = decomposed_outputs(values)
     facts: list[NodeFacts] = []
     ops: list[OpInfo] = []
     costs: list[int] = []
@@ -160,7 +161,8 @@ def _describe(values: list[fx.Node], index: dict[fx.Node, int],
         facts.append(NodeFacts(name=n.name, op=names[n], shape=cost.shape(val), dtype=cost.dtype_name(val),
                                nbytes=nbytes, module=module, source=source(n), role=role))
         ops.append(op_info(_rules_facts(n, names[n], own, stat), name=n.name, op=names[n], module=module,
-                           forward=n in h.forward, is_normalization_boundary=n in boundaries))
+                           forward=n in h.forward, is_normalization_boundary=n in boundaries,
+                           written_as=written.get(n, "")))
         costs.append(nbytes)
     return tuple(facts), tuple(ops), tuple(costs)
 

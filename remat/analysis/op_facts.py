@@ -87,10 +87,11 @@ def through_getitem(own: OpFacts, parent: OpFacts, parent_is_statistic: bool) ->
 
 
 def op_info(facts: OpFacts, *, name: str, op: str, module: str, forward: bool,
-            is_normalization_boundary: bool) -> OpInfo:
+            is_normalization_boundary: bool, written_as: str = "") -> OpInfo:
     """The ``OpInfo`` rules see of an op: its ``facts`` and its place in the graph."""
     return OpInfo(**{f.name: getattr(facts, f.name) for f in _FIELDS}, name=name, op=op, module=module,
-                  forward=forward, is_normalization_boundary=is_normalization_boundary)
+                  forward=forward, is_normalization_boundary=is_normalization_boundary,
+                  written_as=written_as)
 
 
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:

@@ -10,7 +10,7 @@ import re
 
 import torch.fx as fx
 
-__all__ = ["module_path", "block_of", "source", "clean_module_paths"]
+__all__ = ["module_path", "block_of", "source", "clean_module_paths", "decomposed_key", "decomposed_outputs"]
 
 _PATH_KEY = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
@@ -68,3 +68,32 @@ def clean_module_paths(gm: fx.GraphModule) -> None:
         stack = node.meta.get("nn_module_stack")
         if stack and any(_WEAK_SELF_STEP.search(v[0]) for v in stack.values()):
             node.meta["nn_module_stack"] = {k: (_WEAK_SELF_STEP.sub("", v[0]), *v[1:]) for k, v in stack.items()}
+
+
+def decomposed_key(n: fx.Node) -> tuple[str, str] | None:
+    """The eager op a node was decomposed from (``meta["original_aten"]``) and that op's
+    autograd sequence number (``meta["seq_nr"]``): one key per eager kernel call; None for a node
+    that is its own op."""
+    original, seq = n.meta.get("original_aten"), n.meta.get("seq_nr")
+    if n.op != "call_function" or original is None or seq is None or str(original) == str(n.target):
+        return None
+    return str(original), str(seq)
+
+
+def decomposed_outputs(nodes: list[fx.Node]) -> dict[fx.Node, str]:
+    """The op the user wrote, for each node that produces that op's value after decomposition:
+    of the nodes one call of ``aten.gelu`` became (``decomposed_key``), the last in graph order
+    that a node outside them reads (or the last of them, if none is read outside). A policy rule
+    naming ``aten.gelu`` matches that node (Note [Rules match the op the user wrote] in
+    ``remat/policy.py``)."""
+    groups: dict[tuple[str, str], list[fx.Node]] = {}
+    for n in nodes:
+        k = decomposed_key(n)
+        if k is not None:
+            groups.setdefault(k, []).append(n)
+    out: dict[fx.Node, str] = {}
+    for (original, _), members in groups.items():
+        inside = set(members)
+        read_outside = [n for n in members if not n.users or any(u not in inside for u in n.users)]
+        out[(read_outside or members)[-1]] = original
+    return out

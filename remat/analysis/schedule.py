@@ -14,6 +14,7 @@ from ..core.peak import Schedule
 from . import cost
 from .halves import Halves, is_tangent
 from .op_facts import view_root
+from .provenance import decomposed_key
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -21,29 +22,19 @@ if TYPE_CHECKING:
 __all__ = ["step_schedule"]
 
 
-def _decomposed_key(n: fx.Node) -> tuple[str, str] | None:
-    """The eager op a node was decomposed from (``meta["original_aten"]``) and that op's
-    autograd sequence number (``meta["seq_nr"]``): one key per eager kernel call; None for a node
-    that is its own op."""
-    original, seq = n.meta.get("original_aten"), n.meta.get("seq_nr")
-    if n.op != "call_function" or original is None or seq is None or str(original) == str(n.target):
-        return None
-    return str(original), str(seq)
-
-
 def _inside_eager_kernels(nodes: list[fx.Node], roots: list[fx.Node], outs: set[fx.Node]) -> set[fx.Node]:
     """Note [Eager kernels]: the joint graph is traced with decompositions, so one eager kernel
     (``gelu_backward``, ``native_layer_norm_backward``) appears as several ops whose
     intermediates eager autograd never allocates: the kernel computes them in registers. A
-    value every user of which comes from the same eager op (``_decomposed_key``), which no
+    value every user of which comes from the same eager op (``decomposed_key``), which no
     other op's view reads, and which the graph does not return, lives only inside that kernel.
     Eager autograd's predicted peak (``Plan.eager_peak_bytes``) gives it no bytes. Measured with
     the CPU profiler (versions.HOOKS["eager_kernels"]): a two-block ViT's eager peak, 9.68 MiB, was predicted at 11.71
     MiB with these intermediates (the decomposed GELU backward's), 9.68 without."""
     inside = set()
     for n in nodes:
-        k = _decomposed_key(n)
-        if k is not None and n not in outs and n.users and all(_decomposed_key(u) == k for u in n.users):
+        k = decomposed_key(n)
+        if k is not None and n not in outs and n.users and all(decomposed_key(u) == k for u in n.users):
             inside.add(n)
     escaping = {r for n, r in zip(nodes, roots) if r is not n and n not in inside}
     return inside - escaping
@@ -51,9 +42,9 @@ def _inside_eager_kernels(nodes: list[fx.Node], roots: list[fx.Node], outs: set[
 
 def _eager_kernels(nodes: list[fx.Node]) -> tuple[int, ...]:
     """The eager kernel call of each node (``Schedule.kernel``): one number per
-    ``_decomposed_key``, -1 for a node that is its own op."""
+    ``decomposed_key``, -1 for a node that is its own op."""
     kernel: dict[tuple[str, str], int] = {}
-    return tuple(kernel.setdefault(k, len(kernel)) if (k := _decomposed_key(n)) is not None else -1
+    return tuple(kernel.setdefault(k, len(kernel)) if (k := decomposed_key(n)) is not None else -1
                  for n in nodes)
 
 
