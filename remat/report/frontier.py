@@ -49,14 +49,15 @@ def _xy(plans: tuple[PlanData, ...]) -> tuple[list[float], list[float]]:
 def plot(frontier: FrontierData, path: str) -> str:
     """Predicted peak (MiB) against estimated recompute time (ms), as PNG or SVG by the file's
     extension; returns ``path``. Needs matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:  # a Figure of its own, not pyplot: a notebook's or script's matplotlib backend is left alone
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RematError("remat: Frontier.plot needs matplotlib; pip install matplotlib.") from e
-    fig, ax = plt.subplots(figsize=(6, 4))
+        raise RematError("remat: Frontier.plot needs matplotlib, which remat does not install; got an "
+                         "environment without it. Install it: pip install matplotlib.") from e
+    fig = Figure(figsize=(6, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     ax.plot(*_xy(frontier.points), "-", color="C0", label="frontier")
     for plans, style, label in ((frontier.hull, "o", "min-cut plans"), (frontier.segments, "s", "checkpoint segments")):
         if plans:
@@ -70,5 +71,4 @@ def plot(frontier: FrontierData, path: str) -> str:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.optimize as scipy_optimize
 import torch
+import torch.nn as nn
 
 import remat
 from remat import compat
@@ -329,3 +330,16 @@ def test_dominance_has_one_definition():
     kept = non_dominated(plans)
     assert [p.saved[0].name for p in kept] == ["b", "s"]  # of the equal pair, the first
     assert not any(q.tradeoff.dominates(p.tradeoff) for p in kept for q in plans)
+
+
+def test_frontier_plot_leaves_matplotlibs_backend_alone(tmp_path):
+    # Frontier.plot draws on a Figure of its own: the caller's pyplot backend (a notebook's) stays.
+    mpl = pytest.importorskip("matplotlib")
+    before = mpl.get_backend()
+    mpl.use("svg")  # a backend the caller chose, not Agg
+    frontier = remat.pareto(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)), torch.randn(4, 8),
+                            backend="eager")
+    path = frontier.plot(str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").stat().st_size > 0 and path.endswith("f.png")
+    assert mpl.get_backend().lower() == "svg"
+    mpl.use(before)
