@@ -145,7 +145,10 @@ def _describe(values: list[fx.Node], index: dict[fx.Node, int],
     own = {n: op_facts(n, names[n]) for n in values if n.op == "call_function"}
     stat = statistics(values, own, names)
     boundaries = normalization_boundaries(values, stat, h.forward, own)
-    written = decomposed_outputs(values)
+    # Only forward nodes answer to the op the user wrote: AOTAutograd gives the backward's nodes
+    # the forward op's ``original_aten`` and ``seq_nr`` (slice's gradient ``full`` says
+    # ``aten.slice.Tensor``), and a value the backward computes is never a choice to save.
+    written = decomposed_outputs([n for n in values if n in h.forward])
     facts: list[NodeFacts] = []
     ops: list[OpInfo] = []
     costs: list[int] = []
