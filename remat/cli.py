@@ -8,7 +8,7 @@ training step (remat.explain: the forward runs once and the model's state is res
 is trained) and prints the table and the per-module summary, or the JSON document with --json;
 --html, --dot and --why add a report file, a Graphviz file, and why-sentences; --budget plans
 under a memory budget. Exit status: 0 on success, 2 on a usage error or a remat: error (printed
-to stderr). Example: python -m remat explain examples/quickstart.py:factory --budget 0.5
+to stderr). Example: python -m remat explain examples/quickstart.py:factory --budget 1.0
 """
 
 from __future__ import annotations

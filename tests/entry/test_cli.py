@@ -73,6 +73,20 @@ def test_example_in_messages_and_help_exists(capsys):
     assert re.search(r"Example: python -m remat explain (\S+):(\w+)", help_text).groups() == example.groups()
 
 
+def test_the_helps_example_runs(capsys):
+    # The whole example the help gives, budget included, plans and exits 0 (a budget of 1.0 on
+    # the demo raised once: Note [A budget at eager's peak]).
+    import re
+
+    from remat.cli import _parser, main
+
+    help_text = _parser()._subparsers._group_actions[0].choices["explain"].format_help()
+    args = re.search(r"Example: python -m remat (explain \S+(?: --\w+ \S+)*)", " ".join(help_text.split())).group(1)
+    assert "--budget" in args
+    assert main([a if i != 1 else str(ROOT / a) for i, a in enumerate(args.split())]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("remat plan:")
+
+
 def test_unknown_why_name_still_writes_the_reports_and_budget(tmp_path, capsys):
     from remat.cli import main
 
