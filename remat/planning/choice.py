@@ -21,7 +21,7 @@ from ..units import format_bytes
 from .build_plan import EagerBaseline
 from .candidates import Candidate
 
-__all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "within_budget", "compile_within_budget", "infeasible"]
+__all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "default_first", "within_budget", "compile_within_budget", "infeasible"]
 
 MAX_COMPILES = 4
 """At most this many compiles of one graph under a budget (Note [Budget re-plan])."""
@@ -191,6 +191,41 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     if attempt.last:
         return min(fitting, key=lambda c: (peak(c), c.time, c.saved_bytes))
     return min(fitting, key=lambda c: (c.time, peak(c), c.saved_bytes))
+
+
+# Note [The default at most eager's peak]
+# Without a budget a graph takes the min-cut plan of least bytes and recompute traffic (Note
+# [Default plan: bytes and recompute traffic] in ``remat/planning/planner.py``). On small graphs
+# the backend's model can put that plan's peak above eager autograd's (the README's demo under the
+# Inductor model: 461.62 KiB against eager's 453.50 KiB), and remat must not ask for more memory
+# than eager to save less. So where the min-cut plan's predicted peak is above eager's, the
+# default is the fastest candidate predicted at most at eager's peak, kept first among the
+# candidates so that a budget still takes the default whenever its peak fits. Where no candidate
+# is (the demo: the smallest is 453.62 KiB) the min-cut plan stays, and its notes say so: the
+# slack a budget at eager's peak allows (Note [A budget at eager's peak]) would trade recompute for
+# a difference inside the model's error (HF GPT-2's loss graph on the uncompiled backend: a plan
+# recomputing the vocabulary-wide row statistics to be 1 KiB smaller, 0.1% of the peak).
+
+
+def default_first(candidates: list[Candidate], eager_peak: int) -> list[Candidate]:
+    """``candidates`` (the min-cut default first) with the default plan first (Note [The default
+    at most eager's peak])."""
+    mincut = candidates[0]
+    if mincut.peak <= eager_peak or eager_peak <= 0:
+        return candidates
+    above = (f"the min-cut plan's predicted peak ({format_bytes(mincut.peak)}) is above eager autograd's "
+             f"({format_bytes(eager_peak)})")
+    fitting = [c for c in candidates if c.peak <= eager_peak]
+    if not fitting:
+        smallest = min(c.peak for c in candidates)
+        note = (f"{above}, and so is every plan of remat's (the smallest: {format_bytes(smallest)}); the "
+                "min-cut plan is kept (Note [The default at most eager's peak])")
+        return [replace(mincut, plan=replace(mincut.plan, notes=(*mincut.plan.notes, note))), *candidates[1:]]
+    picked = min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))
+    note = (f"{above}: the default is the fastest plan at most eager's peak, predicted at "
+            f"{format_bytes(picked.peak)} (Note [The default at most eager's peak])")
+    default = replace(picked, plan=replace(picked.plan, notes=(*picked.plan.notes, note)))
+    return [default, *[c for c in candidates if c is not picked]]
 
 
 def within_budget(candidates: list[Candidate], budget: Budget, eager: EagerBaseline,

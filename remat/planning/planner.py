@@ -30,7 +30,7 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
-from .choice import FIRST, Attempt, within_budget
+from .choice import FIRST, Attempt, default_first, within_budget
 from .decisions import Decisions, decisions
 
 __all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
@@ -122,7 +122,7 @@ def plan_joint_graph(
     decided = decisions(jg, options, backend)
     sol = _default_cut(jg, decided, dev)
     plan = build_plan(jg, sol.saved, sol.recomputed, decided, eager)
-    if options.budget is None and not want_frontier and pick is None:
+    if options.budget is None and not want_frontier and pick is None and plan.predicted_peak_bytes <= eager.peak_bytes:
         return Planned(jg, list(sol.saved), plan)
 
     def reanalyze(nested: fx.GraphModule) -> JointGraph:  # a nested plan's rewrite, analysed as gm was
@@ -131,12 +131,13 @@ def plan_joint_graph(
 
     found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.DEFAULT), gm, reanalyze, jg, decided,
                        options, backend, eager)
+    found = default_first(found, eager.peak_bytes)  # Note [The default at most eager's peak]
     frontier = tuple(non_dominated([c.plan for c in found]))
     picked = next((c for c in found if c.plan.key == pick), None) if pick is not None else None
     if picked is not None:
         chosen = picked
     elif options.budget is None:
-        return Planned(jg, list(sol.saved), plan, frontier)
+        chosen = found[0]
     else:
         chosen = within_budget(found, options.budget, eager, attempt)
     chosen_jg = chosen.jg or jg
