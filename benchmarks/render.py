@@ -121,6 +121,19 @@ def _budget(b: float | None) -> str:
     return "default" if b is None else f"{b:.0%}"
 
 
+def _infeasible(message: str) -> str:
+    """What an ``InfeasibleBudgetError`` of a row says: the budget in bytes against eager's peak,
+    the smallest plan's predicted peak and the floor no plan goes under."""
+    def find(pattern: str) -> str:
+        m = re.search(pattern, message)
+        return m.group(1) if m else "?"
+    budget = find(r"fits a peak of ([\d.]+ \w+)")
+    eager = find(r"eager autograd's: ([\d.]+ \w+)")
+    smallest = find(r"smallest predicted peak for this graph is ([\d.]+ \w+)")
+    floor = find(r"(?:goes under|need) ([\d.]+ \w+)")
+    return f"budget {budget} of eager's {eager}; smallest predicted: {smallest}; floor: {floor}"
+
+
 def peak_check() -> str:
     """Predicted against measured peak of each plan (``peak_check.py``)."""
     doc = _load(PEAK)
@@ -129,8 +142,7 @@ def peak_check() -> str:
     for r in doc["rows"]:
         head = f"| {r['workload']} | {r['backend']} | {_budget(r['budget'])} |"
         if r["status"] != "ok":
-            smallest = re.search(r"smallest predicted peak for this graph is ([\d.]+ \w+)", r.get("message", ""))
-            lines.append(head + f" infeasible (smallest predicted: {smallest.group(1) if smallest else '?'}) | | |")
+            lines.append(head + f" infeasible ({_infeasible(r.get('message', ''))}) | | |")
             continue
         if r["backend"] == "inductor":
             ok.append(abs(r["error"]))

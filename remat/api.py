@@ -76,9 +76,20 @@ def compiled_plans(model: Any) -> list[Plan]:
     """The plans of the graphs a ``checkpoint``-wrapped model has compiled so far, in capture
     order. Works through wrappers: a model that contains remat-wrapped modules (``DDP(wrapped)``,
     remat per block, FSDP2's ``fully_shard`` on either) gives each wrapped module's plans,
-    modules in ``named_modules`` order (the outermost wrapped ones)."""
+    modules in ``named_modules`` order (the outermost wrapped ones). A Dynamo recompile (new input
+    shapes, a failed guard) adds its graph's plan after the first; each plan's last note says the
+    inputs it was compiled for, and a step runs the plan whose inputs it matches."""
     subs = remat_modules(model) if isinstance(model, nn.Module) else []
     rb = backend_of(subs[0] if len(subs) == 1 else model)
+    compiled_by_torch = isinstance(model, nn.Module) and isinstance(model._modules.get("_orig_mod"), nn.Module)
+    if rb is None and not subs and compiled_by_torch:
+        raise RematError(
+            f"remat: compiled_plans expects a model returned by remat.checkpoint, got the {type(model).__name__} "
+            "torch.compile returned: with torch.compile(model, backend='remat') Dynamo hands remat each graph, "
+            "not the module it came from, so its plans belong to no model remat can name. Use "
+            "model = remat.checkpoint(model) instead: the same planning and Inductor lowering, with "
+            "remat's options, and compiled_plans lists its plans."
+        )
     if rb is None and not subs:
         raise RematError(
             f"remat: compiled_plans expects a model returned by remat.checkpoint (or a module "

@@ -18,6 +18,7 @@ import torch.fx as fx
 from .. import compat, distributed
 from ..analysis.provenance import clean_module_paths
 from ..backends.registry import backend_for
+from ..errors import RematError
 from ..logs import planning, warn_at_user
 from ..options import Options
 from ..plan import Plan, format_bytes
@@ -260,6 +261,8 @@ class RematBackend:
         note = compile_within_budget(compile_once)
         if note is not None and k < len(self.plans):
             self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, note))
+        if k < len(self.plans) and not self.explain_only:  # the inputs it runs for: a recompile adds a plan
+            self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, _compiled_for(gm, example_inputs)))
         return compiled
 
     def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
@@ -277,6 +280,33 @@ class RematBackend:
             raise
 
 
-def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-    """``torch.compile(model, backend="remat")``: remat with default options (Inductor)."""
-    return RematBackend(Options(**kwargs))(gm, example_inputs)
+def _compiled_for(gm: fx.GraphModule, example_inputs: list[Any]) -> str:
+    """The note saying which inputs a graph's plan was compiled for (parameters left out; sizes
+    as Dynamo traced them, symbolic where it made them dynamic): after a Dynamo recompile (new
+    shapes, a guard that failed) ``compiled_plans`` lists both plans, and a step runs the one
+    whose inputs it matches."""
+    shown = []
+    for node, real in zip([n for n in gm.graph.nodes if n.op == "placeholder"], example_inputs):
+        val = node.meta.get("example_value", real)
+        if isinstance(real, torch.nn.Parameter):
+            continue
+        if isinstance(val, torch.Tensor):
+            dims = "x".join(str(d) for d in val.shape) or "scalar"
+            shown.append(f"{dims} {str(val.dtype).removeprefix('torch.')}")
+        elif isinstance(val, (int, float, torch.SymInt, torch.SymFloat)):
+            shown.append(f"{type(val).__name__} {val}")
+    more = f" and {len(shown) - 6} more" if len(shown) > 6 else ""
+    return f"compiled for inputs: {', '.join(shown[:6]) or 'none besides parameters'}{more}"
+
+
+def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
+    """``torch.compile(model, backend="remat")``: remat with default options (Inductor), or
+    ``remat.checkpoint``'s options given as torch.compile's ``options={...}``."""
+    given = dict(options or {})
+    known = {f.name for f in dataclasses.fields(Options)}
+    if set(given) - known:
+        raise RematError(
+            f"remat: torch.compile(backend='remat', options=...) takes remat.checkpoint's options "
+            f"({', '.join(sorted(known))}); got {', '.join(sorted(set(given) - known))}. Pass only those, "
+            "e.g. options={'backend': 'eager'}, or use remat.checkpoint(model, ...).")
+    return RematBackend(Options(**given))(gm, example_inputs)

@@ -21,7 +21,8 @@ from ..units import format_bytes
 from .build_plan import EagerBaseline
 from .candidates import Candidate
 
-__all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "default_first", "within_budget", "compile_within_budget", "infeasible"]
+__all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "default_first",
+           "within_budget", "compile_within_budget", "infeasible"]
 
 MAX_COMPILES = 4
 """At most this many compiles of one graph under a budget (Note [Budget re-plan])."""

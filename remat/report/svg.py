@@ -17,7 +17,7 @@ from ..plan_data import PlanData, PlanNode, Role
 from ..units import format_bytes
 from .dot import BACKWARD, FORWARD
 
-__all__ = ["draw_svg", "layout", "COLORS"]
+__all__ = ["draw_svg", "layout", "COLORS", "LabelSpace"]
 
 # Note [Plan drawing layout]
 # Forward nodes get a column: their longest-path depth from the graph inputs (through values
@@ -41,6 +41,31 @@ COLORS = {
 DX, DY, R = 18, 14, 5
 LEFT, TOP, GAP = 30, 150, 60
 MAX_EDGES_NODES = 2500  # above this many nodes only the cut's edges are drawn
+
+
+class LabelSpace:
+    """The saved values' labels drawn so far, each a strip along its -40 degree baseline: a label
+    whose strip would cross one already drawn is left out (its node's tooltip still names it),
+    so that labels of saved values in neighbouring columns never print over each other."""
+
+    SIN, COS = 0.6428, 0.7660  # of 40 degrees
+    HEIGHT, CHAR = 10.0, 5.2  # the strip's width across the baseline and a character's length at 9 px
+
+    def __init__(self) -> None:
+        self.strips: list[tuple[float, float, float]] = []
+        """(offset across the baseline, start and end along it) of each label drawn."""
+
+    def strip(self, x: float, y: float, text: str) -> tuple[float, float, float]:
+        along = x * self.COS - y * self.SIN
+        return x * self.SIN + y * self.COS, along, along + len(text) * self.CHAR
+
+    def take(self, x: float, y: float, text: str) -> bool:
+        """Whether a label at ``(x, y)`` is drawn (it crosses none drawn so far); records it if so."""
+        d, a, b = self.strip(x, y, text)
+        if any(abs(d - d2) < self.HEIGHT and a < b2 and a2 < b for d2, a2, b2 in self.strips):
+            return False
+        self.strips.append((d, a, b))
+        return True
 
 
 def _columns(nodes: list[PlanNode]) -> dict[str, int]:
@@ -166,7 +191,10 @@ def draw_svg(plan: PlanData) -> str:
         r = R + 1 if n.status == "saved" else R
         body.append(f'<g class="node {n.status}"><title>{_tip(n)}</title><circle cx="{x:.0f}" cy="{y:.0f}" '
                     f'r="{r}" fill="{fill}" stroke="{stroke}" stroke-width="{width_}"{extra}/></g>')
-        if n.status == "saved":
+    labels = LabelSpace()
+    for n in nodes:
+        x, y = pos[n.name]
+        if n.status == "saved" and labels.take(x + 4, y - 8, n.name):
             body.append(f'<text x="{x + 4:.0f}" y="{y - 8:.0f}" font-size="9" fill="#08519c" '
                         f'transform="rotate(-40 {x + 4:.0f} {y - 8:.0f})">{escape(n.name)}</text>')
     body.append("</svg>")

@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import re
 import warnings
 
 import pytest
@@ -310,3 +311,18 @@ def assert_trains(rm, model, x):
     for k in ref[2]:
         torch.testing.assert_close(got[2][k], ref[2][k])
     return rm
+
+
+def test_compiled_plans_say_which_inputs_each_plan_runs_for():
+    # issue 29 item 11: a Dynamo recompile adds a plan; each says the inputs it was compiled for
+    # (symbolic sizes where Dynamo made them dynamic), parameters left out; explain's plan does not.
+    import torch.nn as nn
+
+    torch._dynamo.reset()
+    m = remat.checkpoint(nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2)), backend="eager")
+    m(torch.randn(3, 4)).sum().backward()
+    m(torch.randn(5, 4)).sum().backward()
+    first, second = remat.compiled_plans(m)
+    assert first.notes[-1] == "compiled for inputs: 3x4 float32"
+    assert re.fullmatch(r"compiled for inputs: SymInt (s\d+), \1x4 float32", second.notes[-1]), second.notes
+    assert not any(n.startswith("compiled for") for n in remat.explain(m, torch.randn(3, 4)).notes)

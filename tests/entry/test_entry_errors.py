@@ -98,3 +98,20 @@ def test_a_policy_rule_that_raises():
             remat.checkpoint(mlp(), backend="eager", policy=picky)(torch.randn(3, 4))
         with pytest.raises(remat.PolicyError, match=message):
             remat.explain(mlp(), torch.randn(3, 4), policy=picky)
+
+
+def test_compiled_plans_of_torch_compile_with_the_remat_backend():
+    # torch.compile(model, backend="remat") trains under remat, but its plans belong to no model
+    # remat can name: compiled_plans says so and names remat.checkpoint (issue 29, item 9).
+    model = mlp()
+    compiled = torch.compile(model, backend="remat", options={"backend": "eager"})
+    compiled(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(remat.RematError, match=r"^remat: compiled_plans expects a model returned by "
+                                               r"remat.checkpoint, got the OptimizedModule torch.compile returned"
+                                               r".*Use model = remat.checkpoint\(model\) instead"):
+        remat.compiled_plans(compiled)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"remat: torch.compile\(backend='remat', options=...\) takes "
+                                        r"remat.checkpoint's options .*got bakend"):
+        torch.compile(mlp(), backend="remat", options={"bakend": "eager"})(torch.randn(3, 4))
+    torch._dynamo.reset()

@@ -18,10 +18,10 @@ from remat.budget import parse_budget
 from remat.core.frontier import best_within_bytes, hull
 from remat.core.solver import ConflictError, Problem
 from remat.plan import Plan, SavedTensor
-from remat.units import format_bytes
 from remat.plan_data import PlanData
 from remat.planning.candidates import Candidate
 from remat.planning.choice import Attempt, choose, default_first
+from remat.units import format_bytes
 from zoo import workloads
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import zlib
@@ -12,6 +13,7 @@ import torch
 
 import remat
 from remat import report
+from zoo import workloads
 from remat.plan import Plan, PlanNode, SavedTensor
 from zoo.report_model import factory
 
@@ -226,3 +228,25 @@ def test_table_header_and_summary_count_the_same_saved_tensors(report_plan):
     summary_count = int(re.match(r"remat plan summary: (\d+) saved tensors", report_plan.summary()).group(1))
     activations = sum(s.op != "parameter" for s in report_plan.saved)
     assert table_count == summary_count == activations
+
+
+def test_saved_labels_never_overlap():
+    # issue 29 item 11: labels of saved values in neighbouring columns printed over each other.
+    # A label crossing one drawn is left out (the tooltip keeps the name); apart, both are drawn.
+    space = report.svg.LabelSpace()
+    assert space.take(100, 100, "addmm_12")
+    assert not space.take(100 + report.svg.DX, 100 - report.svg.DY, "addmm_13")  # the next column, a row up
+    assert space.take(100 + 3 * report.svg.DX, 100 + 3 * report.svg.DY, "mul_7")
+    assert space.take(100 - 4 * report.svg.DX, 100, "addmm_3")  # one column holds no more than its own
+    # On a real plan's drawing every pair of drawn labels is apart, and each saved value is drawn
+    # with a label or a tooltip.
+    torch._dynamo.reset()
+    model, x = workloads.build("gpt", "small")
+    plan = remat.explain(model, x)
+    svg = report.svg.draw_svg(plan)
+    drawn = [(float(a), float(b), name) for a, b, name in
+             re.findall(r'<text x="([\d.-]+)" y="([\d.-]+)" font-size="9"[^>]*>([^<]+)</text>', svg)]
+    check = report.svg.LabelSpace()
+    assert drawn and all(check.take(x_, y_, name) for x_, y_, name in drawn)
+    saved = [s.name for s in plan.saved if s.op not in ("input", "parameter")]
+    assert all(f"<title>{name} |" in svg for name in saved)
