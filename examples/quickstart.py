@@ -58,8 +58,11 @@ def main(argv: list[str] | None = None) -> None:
                     for a, b in zip(model.parameters(), reference.parameters()))
         opt.step()
         ref_opt.step()
-        print(f"step {step}: loss {workloads.loss(model(x)).item():.5f}, "
-              f"max |grad - eager grad| = {worst:.2e}")
+        # The differences are float32 rounding, different in their last bits on every machine
+        # and backend: the demo prints whether they are within it, the same text everywhere.
+        agree = "gradients equal eager autograd's within 1e-06" if worst < 1e-6 else (
+            f"gradients differ from eager autograd's by {worst:.2e}, more than float32 rounding")
+        print(f"step {step}: loss {workloads.loss(model(x)).item():.5f}, {agree}")
 
 
 if __name__ == "__main__":

@@ -77,8 +77,8 @@ def compiled_plans(model: Any) -> list[Plan]:
     order. Works through wrappers: a model that contains remat-wrapped modules (``DDP(wrapped)``,
     remat per block, FSDP2's ``fully_shard`` on either) gives each wrapped module's plans,
     modules in ``named_modules`` order (the outermost wrapped ones). A Dynamo recompile (new input
-    shapes, a failed guard) adds its graph's plan after the first; each plan's last note says the
-    inputs it was compiled for, and a step runs the plan whose inputs it matches."""
+    shapes, a failed guard) adds its graph's plan after the first; each plan's ``compiled_for``
+    says the inputs it was compiled for, and a step runs the plan whose inputs it matches."""
     subs = remat_modules(model) if isinstance(model, nn.Module) else []
     rb = backend_of(subs[0] if len(subs) == 1 else model)
     compiled_by_torch = isinstance(model, nn.Module) and isinstance(model._modules.get("_orig_mod"), nn.Module)

@@ -167,6 +167,11 @@ class PlanData:
     fallback: str | None = None
     """Set when planning failed and the graph saves what autograd would save instead."""
     notes: tuple[str, ...] = field(default=())
+    compiled_for: str = field(default="", compare=False)
+    """The inputs its graph was compiled for (parameters left out; sizes as Dynamo traced them,
+    symbolic where it made them dynamic): a Dynamo recompile adds a plan, and a step runs the one
+    whose inputs it matches. Empty for ``explain``'s plans, which nothing compiled (and not
+    compared: explain's plan equals the compiled one)."""
     nodes: tuple[PlanNode, ...] = field(default=(), repr=False)
     """Every node of the joint graph with its status, in graph order (empty for a fallback)."""
     predicted_peak_bytes: int = 0
@@ -302,6 +307,7 @@ class PlanData:
             peak = eager_peak = 0  # a fallback graph has no prediction: the step's is unknown
         return cls(tuple(saved), tuple(rec), tuple(ops), sum(p.eager_saved_bytes for p in plans),
                    graphs=sum(p.graphs for p in plans), notes=tuple(notes), nodes=tuple(nodes),
+                   compiled_for="; ".join(f"g{k}: {p.compiled_for}" for k, p in enumerate(plans) if p.compiled_for),
                    recompute_times=tuple(times) if any(t > 1 for t in times) else (),
                    recompute_flops=sum(p.recompute_flops for p in plans),
                    recompute_seconds=sum(p.recompute_seconds for p in plans),

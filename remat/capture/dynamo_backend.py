@@ -262,7 +262,7 @@ class RematBackend:
         if note is not None and k < len(self.plans):
             self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, note))
         if k < len(self.plans) and not self.explain_only:  # the inputs it runs for: a recompile adds a plan
-            self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, _compiled_for(gm, example_inputs)))
+            self.plans[k] = replace(self.plans[k], compiled_for=_compiled_for(gm, example_inputs))
         return compiled
 
     def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
@@ -281,10 +281,7 @@ class RematBackend:
 
 
 def _compiled_for(gm: fx.GraphModule, example_inputs: list[Any]) -> str:
-    """The note saying which inputs a graph's plan was compiled for (parameters left out; sizes
-    as Dynamo traced them, symbolic where it made them dynamic): after a Dynamo recompile (new
-    shapes, a guard that failed) ``compiled_plans`` lists both plans, and a step runs the one
-    whose inputs it matches."""
+    """``Plan.compiled_for``: the inputs a graph was compiled for."""
     shown = []
     for node, real in zip([n for n in gm.graph.nodes if n.op == "placeholder"], example_inputs):
         val = node.meta.get("example_value", real)
@@ -296,7 +293,7 @@ def _compiled_for(gm: fx.GraphModule, example_inputs: list[Any]) -> str:
         elif isinstance(val, (int, float, torch.SymInt, torch.SymFloat)):
             shown.append(f"{type(val).__name__} {val}")
     more = f" and {len(shown) - 6} more" if len(shown) > 6 else ""
-    return f"compiled for inputs: {', '.join(shown[:6]) or 'none besides parameters'}{more}"
+    return f"{', '.join(shown[:6]) or 'none besides parameters'}{more}"
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:

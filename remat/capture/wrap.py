@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import sys
 import types
 import warnings
 import weakref
@@ -318,20 +319,66 @@ def _rewrap(self: _WeakSelf, state: dict[str, Any]) -> None:
     _install(module, state["original"], RematBackend(state["options"]))
 
 
-def wrap_function(fn: Callable[..., Any], rb: RematBackend) -> Callable[..., Any]:
-    """``remat.checkpoint`` of a function: a function that runs ``fn`` through
-    ``torch.compile`` with ``rb``."""
-    compiled = rethrow_remat_errors(torch.compile(fn, backend=rb, dynamic=rb.options.dynamic), fn)
+# Note [Pickling a wrapped function]
+# pickle saves a function by its module and name, and ``functools.wraps`` gives the wrapper its
+# function's: so ``g = remat.checkpoint(f)`` failed to pickle with a raw "not the same object as
+# f". A wrapped function is a ``WrappedFunction``, which reduces itself by name when its module
+# holds it under that name (``f = remat.checkpoint(f)``: unpickling finds it there, wrapped by
+# the module's own code), and otherwise to its function (by name) and its options, wrapped anew
+# when unpickled, with a ``RematBackend`` of its own that plans when it first runs. A function
+# pickle cannot find by name (a lambda, a local function) raises a ``remat:`` error.
 
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
+
+class WrappedFunction:
+    """``remat.checkpoint`` of a function: calls ``fn`` through ``torch.compile`` with ``rb``;
+    pickles as Note [Pickling a wrapped function] says."""
+
+    def __init__(self, fn: Callable[..., Any], rb: RematBackend) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        setattr(self, _ATTR, rb)
+        self._compiled = rethrow_remat_errors(torch.compile(fn, backend=rb, dynamic=rb.options.dynamic), fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        rb = getattr(self, _ATTR)
         rb.begin_step()  # Note [Step budget]
         with distributed.remat_splits_ddp(rb):
-            out = compiled(*args, **kwargs)
-        return _finish(rb, out, 2)  # run <- user
+            out = self._compiled(*args, **kwargs)
+        return _finish(rb, out, 2)  # __call__ <- user
 
-    setattr(run, _ATTR, rb)
-    return run
+    def __reduce__(self) -> Any:
+        fn, options = self._fn, getattr(self, _ATTR).options
+        found = _by_name(fn)
+        if found is self:
+            return fn.__qualname__  # the module holds the wrapper under the function's name
+        if found is not fn:
+            raise RematError(
+                f"remat: pickling a remat.checkpoint-wrapped function pickles its function by name, and "
+                f"pickle cannot find {fn.__module__}.{fn.__qualname__} by that name (a lambda or a function "
+                "defined inside another); got one. Define the function at module level, or pickle what it "
+                "computes with instead (a model's state_dict).")
+        return _wrap_again, (fn, options)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:  # a method, as a decorated function would be
+        return self if obj is None else types.MethodType(self, obj)
+
+
+def _by_name(fn: Callable[..., Any]) -> Any:
+    """What ``fn``'s module holds under ``fn``'s qualified name (None if nothing)."""
+    found: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
+def _wrap_again(fn: Callable[..., Any], options: Any) -> WrappedFunction:
+    return WrappedFunction(fn, RematBackend(options))
+
+
+def wrap_function(fn: Callable[..., Any], rb: RematBackend) -> Callable[..., Any]:
+    """``remat.checkpoint`` of a function: a ``WrappedFunction`` that runs ``fn`` through
+    ``torch.compile`` with ``rb``."""
+    return WrappedFunction(fn, rb)
 
 
 def backend_of(model: Any) -> RematBackend | None:

@@ -32,6 +32,8 @@ incompatible change). Top-level keys:
                  ``checkpoints`` (``remat.planning.nesting``); empty for other plans.
 ``budget_bytes`` int or null: the peak budget the plan was chosen under.
 ``notes``        list of str.
+``compiled_for`` str: the inputs the graph was compiled for (``Plan.compiled_for``); empty
+                 for ``explain``'s plans.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ SCHEMA: dict[str, Any] = {
         "nested": {"type": "array", "items": _STR},
         "budget_bytes": {"type": ["integer", "null"]},
         "notes": {"type": "array", "items": _STR},
+        "compiled_for": _STR,
     }),
 }
 SCHEMA["properties"]["nodes"] = {"type": "array", "items": _obj({
@@ -115,6 +118,7 @@ def to_dict(plan: PlanData, *, nodes: bool = True) -> dict[str, Any]:
         "nested": list(plan.nested),
         "budget_bytes": plan.budget_bytes,
         "notes": list(plan.notes),
+        "compiled_for": plan.compiled_for,
     }
     if nodes:
         out["nodes"] = [{"name": n.name, "op": n.op, "status": n.status, "reason": n.reason,

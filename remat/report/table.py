@@ -65,6 +65,8 @@ def render(plan: PlanData) -> str:
         lines.append(f"(+ {free} parameters/buffers saved at no cost: they live anyway)")
     lines += _recompute_lines(plan)
     lines += list(plan.notes)
+    if plan.compiled_for:
+        lines.append(f"compiled for inputs: {plan.compiled_for}")
     t = totals(plan)
     lines.append(t.line())
     if t.peak_line():

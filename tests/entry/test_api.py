@@ -323,6 +323,37 @@ def test_compiled_plans_say_which_inputs_each_plan_runs_for():
     m(torch.randn(3, 4)).sum().backward()
     m(torch.randn(5, 4)).sum().backward()
     first, second = remat.compiled_plans(m)
-    assert first.notes[-1] == "compiled for inputs: 3x4 float32"
-    assert re.fullmatch(r"compiled for inputs: SymInt (s\d+), \1x4 float32", second.notes[-1]), second.notes
-    assert not any(n.startswith("compiled for") for n in remat.explain(m, torch.randn(3, 4)).notes)
+    assert first.compiled_for == "3x4 float32" and "\ncompiled for inputs: 3x4 float32\n" in str(first)
+    assert re.fullmatch(r"SymInt (s\d+), \1x4 float32", second.compiled_for), second.compiled_for
+    assert remat.explain(m, torch.randn(3, 4)).compiled_for == ""
+    assert remat.Plan.combine([first, second]).compiled_for == f"g0: 3x4 float32; g1: {second.compiled_for}"
+
+
+def _pickled_step(x):
+    return (x.sin() * 2).cos().sum()
+
+
+def rebound_step(x):
+    return (x.tanh() * 3).exp().sum()
+
+
+rebound_step = remat.checkpoint(rebound_step, backend="eager")
+
+
+def test_a_wrapped_function_pickles():
+    # Note [Pickling a wrapped function]: g = checkpoint(f) pickled to a raw "not the same object
+    # as f"; it unpickles wrapped anew, with its own plans; f = checkpoint(f) unpickles to the
+    # module's own wrapper; a lambda gets a remat: error.
+    torch._dynamo.reset()
+    g = remat.checkpoint(_pickled_step, backend="eager")
+    x = torch.randn(4, 3, requires_grad=True)
+    g(x).backward()
+    h = pickle.loads(pickle.dumps(g))
+    assert h is not g and remat.compiled_plans(h) == [] and len(remat.compiled_plans(g)) == 1
+    y = x.detach().clone().requires_grad_()
+    h(y).backward()
+    assert len(remat.compiled_plans(h)) == 1 and torch.equal(y.grad, x.grad)
+    assert pickle.loads(pickle.dumps(rebound_step)) is rebound_step
+    with pytest.raises(remat.RematError, match=r"^remat: pickling a remat.checkpoint-wrapped function pickles "
+                                               r"its function by name.*<lambda>.*Define the function at module level"):
+        pickle.dumps(remat.checkpoint(lambda t: t.sin().sum(), backend="eager"))

@@ -40,20 +40,16 @@ def test_numpy_is_a_dependency():
 
 
 def _normalise(text):
-    """The gradient differences vary by machine and backend in their last bits: keep only that
-    they are below float32 rounding of these values."""
-    def check(m):
-        assert float(m.group(1)) < 1e-6, m.group(0)
-        return "max |grad - eager grad| = <small>"
-
-    return re.sub(r"max \|grad - eager grad\| = (\S+)", check, text)
+    """The lines as printed: the demo prints whether its gradients are within float32 rounding
+    of eager's, not the differences themselves, which vary by machine and backend."""
+    return text
 
 
 def test_demo_output_in_readme_is_what_the_demo_prints(capsys):
     """The demo's default backend is Inductor; the uncompiled one prints the same lines (the plan
     comes from ``remat.explain`` with default options either way; losses agree to the digits
-    shown) except the gradient differences, which are normalised. It runs here uncompiled to
-    keep the suite fast."""
+    shown; the gradients are reported as within float32 rounding of eager's, the same text on every
+    machine). It runs here uncompiled to keep the suite fast."""
     sys.path.insert(0, str(ROOT / "examples"))
     try:
         import quickstart
