@@ -4,12 +4,12 @@ bytes-weighted min-cut over the joint forward+backward graph."""
 from .api import checkpoint, compiled_plans, explain, pareto
 from .budget import Budget
 from .capture.dynamo_backend import remat_backend
+from .core.regime import Regime
 from .device import DeviceModel
 from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematError
 from .options import Options
 from .plan import Frontier, Plan, SavedTensor
 from .policy import MUST_RECOMPUTE, MUST_SAVE, Decision, OpInfo, Rule, recompute, save
-from .core.regime import Regime
 from .regime import regime
 from .tuning import Tuning
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import remat
-from remat.core.regime import Kind, KernelRun, kind_of, summarize
+from remat.core.regime import KernelRun, Kind, kind_of, summarize
 
 
 def test_overlapping_kernels_count_once_and_the_parts_add_up():

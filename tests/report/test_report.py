@@ -13,8 +13,8 @@ import torch
 
 import remat
 from remat import report
-from zoo import workloads
 from remat.plan import Plan, PlanNode, SavedTensor
+from zoo import workloads
 from zoo.report_model import factory
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "report_model_plan.txt"
