@@ -30,7 +30,7 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
-from .choice import FIRST, Attempt, default_first, within_budget
+from .choice import FIRST, Attempt, above_eager, default_first, within_budget
 from .decisions import Decisions, decisions
 
 __all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
@@ -122,7 +122,7 @@ def plan_joint_graph(
     decided = decisions(jg, options, backend)
     sol = _default_cut(jg, decided, dev)
     plan = build_plan(jg, sol.saved, sol.recomputed, decided, eager)
-    if options.budget is None and not want_frontier and pick is None and plan.predicted_peak_bytes <= eager.peak_bytes:
+    if options.budget is None and not want_frontier and pick is None and not above_eager(plan.predicted_peak_bytes, eager.peak_bytes):
         return Planned(jg, list(sol.saved), plan)
 
     def reanalyze(nested: fx.GraphModule) -> JointGraph:  # a nested plan's rewrite, analysed as gm was

@@ -20,7 +20,7 @@ from remat.core.solver import ConflictError, Problem
 from remat.plan import Plan, SavedTensor
 from remat.plan_data import PlanData
 from remat.planning.candidates import Candidate
-from remat.planning.choice import Attempt, choose, default_first
+from remat.planning.choice import EAGER_PEAK_SLACK, Attempt, choose, default_first
 from remat.units import format_bytes
 from zoo import workloads
 
@@ -277,11 +277,16 @@ def test_the_default_is_at_most_eagers_peak_when_a_plan_is():
     above = Candidate((3,), (), _plan(205, 0.5, "a"), "hull")
     found = default_first([mincut, above, slow, fast], 200)
     assert [c.plan.saved[0].name for c in found] == ["f", "d", "a", "s"]
-    assert any("the fastest plan at most eager's peak, predicted at 199 B" in n for n in found[0].plan.notes)
+    assert any("is 5.0% above eager autograd's (200 B): the default is the plan budget=1.0 chooses, predicted at "
+               "199 B" in n for n in found[0].plan.notes)
     assert choose(found, 10**9, 200).plan.saved[0].name == "f"
     assert default_first([fast, mincut], 200)[0] is fast  # at or under eager's peak: unchanged
-    kept = default_first([mincut, above], 200)  # nothing at eager's peak: the min-cut stays, and says so
+    kept = default_first([mincut, above], 200)  # nothing within the slack of eager's peak: the min-cut stays
     assert kept[0].plan.saved == mincut.plan.saved and "the smallest: 205 B" in kept[0].plan.notes[-1]
+    near = Candidate((4,), (), _plan(203, 1.0, "n"), "segments")  # none at eager's peak, one within the slack
+    assert default_first([mincut, near], 200)[0].plan.saved == near.plan.saved
+    within = Candidate((0,), (), _plan(203, 0.0, "w"), "default")  # the min-cut within the slack: kept as is
+    assert default_first([within, fast], 200)[0] is within
 
 
 def test_the_demos_default_is_the_same_in_explain_pareto_and_training():
@@ -294,9 +299,9 @@ def test_the_demos_default_is_the_same_in_explain_pareto_and_training():
     workloads.loss(rm(x))  # forward only: the plan is made when the graph is compiled
     (trained,) = remat.compiled_plans(rm)
     assert trained.key == plan.key
-    if plan.predicted_peak_bytes > plan.eager_peak_bytes:  # it says why, and no plan is at eager's peak
-        assert any("Note [The default at most eager's peak]" in n for n in plan.notes)
-        assert min(p.predicted_peak_bytes for p in frontier.points) > plan.eager_peak_bytes
+    # The default is within the slack of eager's peak, or another plan is the default and says why.
+    assert (plan.predicted_peak_bytes <= plan.eager_peak_bytes * (1 + EAGER_PEAK_SLACK)
+            or any("Note [The default at most eager's peak]" in n for n in plan.notes))
 
 
 def _quickstart():
