@@ -35,6 +35,7 @@ RESULTS = H200 + "results-h200-run7.json"
 PEAK = H200 + "peak-check-h200.json"
 PEAK_DEEP = H200 + "peak-check-h200-deep.json"
 EAGER_OVERHEAD = CPU + "eager-overhead-cpu.json"
+FIRST_STEP = CPU + "first-step-cpu.json"
 OLDER = H200 + "results-h200-run5.json"
 DDP_SPLIT = (CPU + "distributed-cpu-split-before.json", CPU + "distributed-cpu-split-after.json")
 DISTRIBUTED_H200 = (H200 + "distributed-h200-ws1.json", H200 + "distributed-h200-ws1-llama-ddp.json",
@@ -132,6 +133,17 @@ def _infeasible(message: str) -> str:
     smallest = find(r"smallest predicted peak for this graph is ([\d.]+ \w+)")
     floor = find(r"(?:goes under|need) ([\d.]+ \w+)")
     return f"budget {budget} of eager's {eager}; smallest predicted: {smallest}; floor: {floor}"
+
+
+def first_step() -> str:
+    """The first training step's wall time (it compiles), remat against torch.compile (``first_step.py``)."""
+    doc = _load(FIRST_STEP)
+    cells = [f"{r['model']} {r['median_s']['remat']:.0f} s against {r['median_s']['torch.compile']:.0f} s "
+             f"({r['ratio']:.2f}x)" for r in doc["rows"]]
+    return (f"The first training step compiles, through Inductor's C++ backend on CPU: remat's against "
+            f"torch.compile's on the same model, each in a fresh process with an empty Inductor cache, "
+            f"median of {len(doc['rows'][0]['samples_s']['remat'])}: {'; '.join(cells)} (`benchmarks/{FIRST_STEP}`, "
+            f"torch {doc['torch'].split('+')[0]}, {doc['threads']} threads; `{doc['command']}`).")
 
 
 def peak_check() -> str:
@@ -314,7 +326,8 @@ def real_model_budgets() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "headline": headline, "results": results, "peak-check": peak_check, "peak-check-deep": peak_check_deep,
+    "headline": headline, "results": results, "peak-check": peak_check, "first-step": first_step,
+    "peak-check-deep": peak_check_deep,
     "eager-overhead": eager_overhead, "compile-variants": compile_variants, "ddp-split": ddp_split,
     "distributed-h200": distributed_h200, "attention-dropout": attention_dropout,
     "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
