@@ -82,3 +82,40 @@ def test_a_new_step_does_not_count_an_earlier_steps_graphs(setup):
     assert len(plans) == 4
     assert plans[2].budget_bytes == default
     assert plans[3].budget_bytes == default - plans[2].saved_bytes
+
+
+class ThreeStacks(nn.Module):
+    """Three MLP stacks with two data-dependent branches between them: three graphs."""
+
+    def __init__(self, width=256, depth=3):
+        super().__init__()
+        def stack():
+            return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())])
+
+        self.a, self.b, self.c = stack(), stack(), stack()
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        h = self.b(h)
+        if h.sum() > 0:
+            h = h + 1
+        return self.c(h).square().mean()
+
+
+def test_three_graphs_share_the_step_budget():
+    # The third graph's share is the budget less what both earlier graphs save; kept as measured,
+    # and a budget the step cannot keep raises naming both earlier graphs.
+    torch.manual_seed(0)
+    base, x = ThreeStacks(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager")
+    default = compat.measure_cpu_peak_bytes(lambda: m(x).backward())
+    assert len(remat.compiled_plans(m)) == 3
+    m, measured = _run(base, x, default)
+    p0, p1, p2 = remat.compiled_plans(m)
+    assert measured <= default * 1.02, (measured, default)
+    assert (p0.budget_bytes, p1.budget_bytes, p2.budget_bytes) == (
+        default, default - p0.saved_bytes, default - p0.saved_bytes - p1.saved_bytes)
+    with pytest.raises(remat.InfeasibleBudgetError, match=r"graph 3 of the step.*the 2 graph\(s\) before it save"):
+        _run(base, x, int(0.7 * default))
