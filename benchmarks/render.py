@@ -42,7 +42,8 @@ DISTRIBUTED_H200 = (H200 + "distributed-h200-ws1.json", H200 + "distributed-h200
                     H200 + "distributed-h200-ws1-llama-fsdp-ckpt.json")  # a later file's rows win
 ATTENTION_DROPOUT = H200 + "attention-dropout-h200.json"
 BUDGET_RUNS = (H200 + "real-models-h200-vit-budgets.json", H200 + "real-models-h200-s8-lm-budgets.json",
-               H200 + "real-models-h200-s8-resnet-budgets.json", H200 + "real-models-h200-s8-gpt2-budgets.json")
+               H200 + "real-models-h200-s8-resnet-budgets.json", H200 + "real-models-h200-s8-gpt2-budgets.json",
+               H200 + "real-models-h200-s9-lm-budgets.json", H200 + "real-models-h200-s9-lm-ckpt.json")
 BUDGET_DEFAULT = H200 + "real-models-h200-s7.json"  # the default plans' run of the real-model section
 MIB = 1 << 20
 
@@ -283,6 +284,10 @@ def attention_dropout() -> str:
     return "\n".join(lines)
 
 
+def _ratio(peak_mib: float, default: dict | None) -> str:
+    return f"{peak_mib / default['peak_mib']:.3f}" if default else "-"
+
+
 def real_model_budgets() -> str:
     """remat's budgets on the four real models (``BUDGET_RUNS``; a later file's row replaces the
     same model and strategy of an earlier one): measured against predicted peak, against the
@@ -317,11 +322,11 @@ def real_model_budgets() -> str:
         over = f"{r['peak_mib'] / budgets[0]:.3f}" if budgets else "-"
         lines.append(f"{head} {' / '.join(f'{b:.0f}' for b in budgets)} | {r['ms']:.2f} | "
                      f"{r['ms'] / comp['ms']:.3f} | {r['peak_mib']:.0f} | {pred:.0f} | {pred / r['peak_mib']:.3f} | "
-                     f"{over} | {r['peak_mib'] / defaults[model]['peak_mib']:.3f} | {compiles} | `{_file(name)}` |")
+                     f"{over} | {_ratio(r['peak_mib'], defaults.get(model))} | {compiles} | `{_file(name)}` |")
     lines += ["", f"(NVIDIA H200, torch 2.11, bfloat16; {'; '.join(dates)}; the default plans' measured peaks from "
                   f"`{_file(BUDGET_DEFAULT)}`. Predicted as in the section above; GPT-2 runs as two graphs (a graph "
-                  "break before the loss), and a budget bounds each graph's plan: the first graph's holds the "
-                  "step's peak.)"]
+                  "break before the loss; T5 as four): runs before 2026-12-03 bounded each graph by the budget, "
+                  "later ones the step (Note [Step budget]).)"]
     return "\n".join(lines)
 
 

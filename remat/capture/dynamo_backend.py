@@ -104,6 +104,10 @@ class RematBackend:
         """With ``keep_joints``: each planned joint graph, as planned (for DDP's split)."""
         self.readings: dict[int, Any] = {}
         """Plan index -> ``remat.core.allocations.Reading`` of its compiled graphs (Inductor)."""
+        self.saved_while_measuring: dict[int, int] = {}
+        """Plan index -> the most any of its candidates saves, while they are measured on the
+        first steps (``remat.capture.tuned``): what a later graph's share of the budget leaves
+        for it (Note [Step budget])."""
         self._step_start = 0
         """Index of the first plan compiled in the current step (``begin_step``): the plans from
         there on are the graphs the step ran before the one being compiled (Note [Step budget])."""
@@ -235,7 +239,10 @@ class RematBackend:
         pristine = copy_graph(gm) if replans else None  # to compile again from: Inductor changes gm
         compiled = None
 
-        earlier = Earlier.of(self.plans[self._step_start:k], self.frontiers[self._step_start:k])  # Note [Step budget]
+        start = self._step_start  # Note [Step budget]
+        earlier = Earlier.of(self.plans[start:k], self.frontiers[start:k],
+                             [max(p.saved_bytes, self.saved_while_measuring.get(i, 0))
+                              for i, p in enumerate(self.plans[start:k], start)])
 
         def compile_once(attempt: Attempt) -> Plan | None:
             nonlocal gm, pristine, compiled

@@ -5,11 +5,14 @@ chooses (the default plan, or a budget's choice; its frontier planned with it), 
 ``Tuning.frontier`` smaller frontier plans (``remat.planning.measured``), and torch.compile's own
 partition of the same graph (``Tuning.compile_candidate``), each with its backward compiled at
 once so that its peak is read before any step runs. Under a budget a candidate whose read peak
-misses it is not measured. The callable handed to Dynamo is a ``TunedGraph``
-(``remat.capture.measure``): it runs the candidates round-robin on the first training steps and
-keeps the smallest within ``Tuning.tolerance`` of the fastest. The graph's plan
-(``compiled_plans``) is the prediction's until then, and the winner's after, with every
-candidate's measurement (``Plan.measured``) and the reason (``Plan.chosen_by``).
+misses it is not measured. While a graph's candidates are measured, a graph the step runs
+after it is given the budget less the most any of them saves (``saved_while_measuring``, Note
+[Step budget]): whichever wins, the step keeps the budget. The winner keeps the budget it was
+measured under (``Plan.budget_bytes``), also when it comes from the cache. The callable
+handed to Dynamo is a ``TunedGraph`` (``remat.capture.measure``): it runs the candidates
+round-robin on the first training steps and keeps the smallest within ``Tuning.tolerance`` of
+the fastest. The graph's plan (``compiled_plans``) is the prediction's until then, and the
+winner's after, with every candidate's measurement (``Plan.measured``) and the reason (``Plan.chosen_by``).
 
 With ``Tuning.cache`` the decision is kept on disk (``remat.planning.decision_cache``), keyed by
 the graph's code and inputs, the options, the device and the torch version; the next run of
@@ -46,6 +49,7 @@ class _Compiler(Protocol):
     plans: list[Plan]
     frontiers: list[tuple[Plan, ...] | None]
     readings: dict[int, Any]
+    saved_while_measuring: dict[int, int]
     options: Any
 
     def compile_plan(self, gm: fx.GraphModule, example_inputs: list[Any], *, pick: PlanKey | None = None,
@@ -113,6 +117,7 @@ def _cached(rb: _Compiler, k: int, gm: fx.GraphModule, example_inputs: list[Any]
         return None
     table = ", ".join(f"{n} {s * 1e3:.3f} ms" for n, s, _ in hit.table)
     rb.plans[k] = replace(rb.plans[k], measured=hit.table, chosen_by=f"decision cache: {hit.reason}",
+                          budget_bytes=hit.budget_bytes,
                           notes=(*rb.plans[k].notes, f"chosen by an earlier run's measurement ({table})"))
     return run
 
@@ -154,21 +159,24 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
         _put(rb, k, entries[0])
         return first
     names = ", ".join(e.name for e in entries)
+    rb.saved_while_measuring[k] = max(e.plan.saved_bytes for e in entries)
     _put(rb, k, entries[0], notes=(*entries[0].plan.notes, f"measuring {len(entries)} candidates on the first "
                                    f"training steps ({names}); this plan runs until then"))
 
     def decided(index: int, selection: Selection) -> None:
         winner = entries[index]
+        rb.saved_while_measuring.pop(k, None)
         table = tuple((m.name, m.median, m.peak_bytes) for m in selection.measured)
         shown = ", ".join(f"{n} {s * 1e3:.3f} ms / {b / 2**20:.1f} MiB" for n, s, b in table)
         rb.plans[k] = replace(winner.plan, measured=table, chosen_by=f"measured: {selection.reason}",
+                              budget_bytes=chosen.budget_bytes,
                               notes=(*winner.plan.notes, f"measured on the first training steps ({shown}): "
                                      f"{selection.reason}"))
         rb.readings.pop(k, None)
         if winner.reading is not None:
             rb.readings[k] = winner.reading
         if cache is not None:
-            cache.store(key, Decision(winner.plan.key, winner.name, selection.reason, table))
+            cache.store(key, Decision(winner.plan.key, winner.name, selection.reason, table, chosen.budget_bytes))
 
     device = _device(example_inputs)[0]
     return TunedGraph([(e.name, e.run, lambda e=e: e.peak) for e in entries], timer_for(device),

@@ -74,7 +74,9 @@ be, when no plan fits it (Note [A budget at eager's peak])."""
 # choice needs: a later graph that cannot fit what is left raises ``InfeasibleBudgetError``,
 # naming what the earlier graphs hold, rather than letting the step exceed the budget (on CPU a
 # two-graph model at 0.7x its default peak measured 46% over the budget when each graph was given
-# all of it).
+# all of it). A graph whose candidate plans are still measured on the first steps
+# (``remat.capture.tuned``) counts as saving the most any of them saves, so that whichever wins,
+# the later graphs' shares still add up to the budget.
 
 
 @dataclass(frozen=True)
@@ -93,15 +95,18 @@ class Earlier:
     """The least those graphs' plans could have saved (the smallest on each one's frontier)."""
 
     @classmethod
-    def of(cls, plans: list[PlanData], frontiers: list[tuple[PlanData, ...] | None]) -> Earlier:
+    def of(cls, plans: list[PlanData], frontiers: list[tuple[PlanData, ...] | None],
+           saved: list[int] | None = None) -> Earlier:
+        """``saved``: the bytes each plan may leave saved, where more than its own (a graph whose
+        candidate plans are measured on the first steps: the most any of them saves)."""
+        saved = [p.saved_bytes for p in plans] if saved is None else saved
         peak = before = 0
         for p in plans:
             peak = max(peak, before + p.eager_peak_bytes)
             before += p.eager_saved_bytes
         least = sum(min((q.saved_bytes for q in (f or ())), default=p.saved_bytes)
                     for p, f in zip(plans, [*frontiers, *[None] * len(plans)]))
-        return cls(len(plans), sum(p.saved_bytes for p in plans), before, peak, min(least, sum(
-            p.saved_bytes for p in plans)))
+        return cls(len(plans), sum(saved), before, peak, min(least, sum(saved)))
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class Decision:
     reason: str
     table: tuple[tuple[str, float, int], ...] = field(default=())
     """(candidate name, median seconds, peak bytes) per candidate."""
+    budget_bytes: int | None = None
+    """The graph's share of the budget the candidates were measured under (None: no budget)."""
 
 
 class DecisionCache:
@@ -75,7 +77,8 @@ class DecisionCache:
                 return None
             saved, recomputed = data["chosen"]
             return Decision((tuple(saved), tuple(recomputed)), data["name"], data["reason"],
-                            tuple((str(n), float(s), int(b)) for n, s, b in data["table"]))
+                            tuple((str(n), float(s), int(b)) for n, s, b in data["table"]),
+                            None if data.get("budget_bytes") is None else int(data["budget_bytes"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -122,7 +122,8 @@ def plan_joint_graph(
     decided = decisions(jg, options, backend)
     sol = _default_cut(jg, decided, dev)
     plan = build_plan(jg, sol.saved, sol.recomputed, decided, eager)
-    if options.budget is None and not want_frontier and pick is None and not above_eager(plan.predicted_peak_bytes, eager.peak_bytes):
+    fast = options.budget is None and not want_frontier and pick is None
+    if fast and not above_eager(plan.predicted_peak_bytes, eager.peak_bytes):
         return Planned(jg, list(sol.saved), plan)
 
     def reanalyze(nested: fx.GraphModule) -> JointGraph:  # a nested plan's rewrite, analysed as gm was

@@ -172,3 +172,75 @@ def test_a_copy_of_the_graph_plans_parameters_as_the_original_does():
     assert "parameter" in roles.values()
     assert copied.key == plan.key and {s.name: s.reason for s in copied.saved} == roles
     assert [p.key for p in copied_frontier] == [p.key for p in frontier]
+
+
+def test_under_a_budget_the_winner_keeps_it_and_the_cache_too(costs, tmp_path):
+    costs.update({"*": 1.0})  # all equally fast: the smallest predicted peak wins
+    torch.manual_seed(0)
+    base = Net()
+    model = remat.checkpoint(copy.deepcopy(base), backend="eager", budget=1.0,
+                             tune=remat.Tuning(devices=("*",), samples=2, cache_dir=str(tmp_path)))
+    steps(model, 11)
+    (plan,) = remat.compiled_plans(model)
+    assert len(plan.measured) > 1 and plan.chosen_by.startswith("measured:")
+    assert plan.budget_bytes is not None and plan.predicted_peak_bytes <= plan.budget_bytes
+    torch._dynamo.reset()
+    again = remat.checkpoint(copy.deepcopy(base), backend="eager", budget=1.0,
+                             tune=remat.Tuning(devices=("*",), samples=2, cache_dir=str(tmp_path)))
+    steps(again, 2)
+    (cached,) = remat.compiled_plans(again)
+    assert cached.chosen_by.startswith("decision cache:") and cached.key == plan.key
+    assert cached.budget_bytes == plan.budget_bytes
+
+
+class TwoGraphs(nn.Module):
+    """``Net`` (whose smaller frontier plan saves more than its default plan), a data-dependent
+    branch, and a second graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = Net()
+        self.b = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16), nn.Tanh())
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h).square().mean()
+
+
+def test_a_later_graph_leaves_room_for_any_candidate_the_earlier_one_measures(costs, tmp_path, monkeypatch):
+    # While graph 1's candidates are measured, any may win: graph 2's share of the step's budget
+    # is the budget less the most any of them saves (Note [Step budget]).
+    costs.update({"*": 1.0})
+    taken = []
+    real_take = tuned._take
+
+    def take(rb, k, name, run):
+        entry = real_take(rb, k, name, run)
+        taken.append((k, entry.plan.saved_bytes))
+        return entry
+
+    monkeypatch.setattr(tuned, "_take", take)
+    torch.manual_seed(0)
+    base, x = TwoGraphs(), torch.randn(8, 16)
+    plain = remat.checkpoint(copy.deepcopy(base), backend="eager")
+    plain(x).backward()
+    budget = 2 * remat.Plan.combine(remat.compiled_plans(plain)).predicted_peak_bytes
+    torch._dynamo.reset()
+    model = remat.checkpoint(copy.deepcopy(base), backend="eager", budget=budget,
+                             tune=remat.Tuning(devices=("*",), samples=1, cache=False))
+    ref = copy.deepcopy(base)
+    for i in range(8):
+        for m in (model, ref):
+            for p in m.parameters():
+                p.grad = None
+            torch.manual_seed(i)  # the same dropout masks
+            m(x).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    first = [saved for k, saved in taken if k == 0]
+    assert len(first) > 1 and len(set(first)) > 1  # graph 1's candidates save different bytes
+    p0, p1 = remat.compiled_plans(model)[:2]
+    assert p1.budget_bytes == budget - max(first)
+    assert p0.saved_bytes <= max(first)

@@ -110,12 +110,18 @@ def test_three_graphs_share_the_step_budget():
     torch.manual_seed(0)
     base, x = ThreeStacks(), torch.randn(512, 256)
     m = remat.checkpoint(copy.deepcopy(base), backend="eager")
-    default = compat.measure_cpu_peak_bytes(lambda: m(x).backward())
-    assert len(remat.compiled_plans(m)) == 3
-    m, measured = _run(base, x, default)
+    measured_default = compat.measure_cpu_peak_bytes(lambda: m(x).backward())
+    plans = remat.compiled_plans(m)
+    assert len(plans) == 3
+    # At least the default plans' composed prediction, each graph's default plan fits its share
+    # and is kept (at the measured peak alone an earlier graph may take a faster plan that saves
+    # more and leave the last too little: that raises, as below).
+    budget = max(measured_default, remat.Plan.combine(plans).predicted_peak_bytes)
+    m, measured = _run(base, x, budget)
     p0, p1, p2 = remat.compiled_plans(m)
-    assert measured <= default * 1.02, (measured, default)
+    assert [p.key for p in (p0, p1, p2)] == [p.key for p in plans]
+    assert measured <= budget * 1.02, (measured, budget)
     assert (p0.budget_bytes, p1.budget_bytes, p2.budget_bytes) == (
-        default, default - p0.saved_bytes, default - p0.saved_bytes - p1.saved_bytes)
+        budget, budget - p0.saved_bytes, budget - p0.saved_bytes - p1.saved_bytes)
     with pytest.raises(remat.InfeasibleBudgetError, match=r"graph 3 of the step.*the 2 graph\(s\) before it save"):
-        _run(base, x, int(0.7 * default))
+        _run(base, x, int(0.7 * budget))
