@@ -209,7 +209,7 @@ class TwoGraphs(nn.Module):
         return self.b(h).square().mean()
 
 
-def test_a_later_graph_leaves_room_for_any_candidate_the_earlier_one_measures(costs, tmp_path, monkeypatch):
+def test_a_later_graph_leaves_room_for_any_candidate_the_earlier_one_measures(costs, monkeypatch):
     # While graph 1's candidates are measured, any may win: graph 2's share of the step's budget
     # is the budget less the most any of them saves (Note [Step budget]).
     costs.update({"*": 1.0})
