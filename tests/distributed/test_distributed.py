@@ -543,27 +543,17 @@ def _gloo_threads() -> list[str]:
     return names
 
 
-def _gloo_threads_left(wait_s: float = 10.0) -> list[str]:
-    """``_gloo_threads()`` once they are gone or after ``wait_s``: a group's threads end shortly
-    after ``destroy_process_group`` returns (the full suite on a loaded 2-core machine once still
-    saw ``gloo_tcp_loop`` right after it)."""
-    deadline = time.monotonic() + wait_s
-    while (left := _gloo_threads()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
-
-
 def _one_rank_group(step: Callable[[], tuple[nn.Module, Any]]) -> Any:
     """``step()`` in a gloo process group of one rank in this process (DDP and Dynamo's bucket
     split need one). ``step`` returns the DDP module it built and its results; the module is
     freed while the group is registered, and no gloo thread may survive the group
     (Note [No hang in the distributed tests])."""
-    assert not (left := _gloo_threads_left()), f"gloo threads left by an earlier test: {left}"
+    assert not _gloo_threads(), f"gloo threads left by an earlier test: {_gloo_threads()}"
     with _process_group(store=dist.HashStore(), rank=0, world_size=1):
         module, results = step()
         module = weakref.ref(module)  # the group's exit frees the module
     assert module() is None
-    assert not (left := _gloo_threads_left()), f"gloo threads outlived destroy_process_group: {left}"
+    assert not _gloo_threads(), f"gloo threads outlived destroy_process_group: {_gloo_threads()}"
     return results
 
 
