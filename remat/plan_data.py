@@ -132,15 +132,16 @@ class PlanNode(ValueInfo):
 
 @dataclass(frozen=True, slots=True)
 class Tradeoff:
-    """Where a plan sits on the memory/recompute trade-off: its predicted peak and estimated
-    recompute time. The one definition of dominance between plans."""
+    """Where a plan sits on the memory/time trade-off: its predicted peak and estimated time
+    cost (``PlanData.cost_seconds``: recompute time plus the time of writing and reading what it
+    saves). The one definition of dominance between plans."""
 
     peak_bytes: int
-    recompute_seconds: float
+    seconds: float
 
     def no_worse(self, other: Tradeoff) -> bool:
-        """Whether this point is at most ``other``'s on both peak and recompute time."""
-        return self.peak_bytes <= other.peak_bytes and self.recompute_seconds <= other.recompute_seconds
+        """Whether this point is at most ``other``'s on both peak and time cost."""
+        return self.peak_bytes <= other.peak_bytes and self.seconds <= other.seconds
 
     def dominates(self, other: Tradeoff) -> bool:
         """No worse than ``other`` on both, and not the same point."""
@@ -197,6 +198,11 @@ class PlanData:
     """Estimated FLOPs of the recomputed ops."""
     recompute_seconds: float = 0.0
     """Estimated time of the recomputed ops on the device model (fused: no memory round trips)."""
+    traffic_seconds: float = 0.0
+    """Estimated time of writing the saved bytes in the forward and reading them in the backward
+    (twice ``saved_bytes`` over the device model's bandwidth): what saving costs in time, as
+    ``recompute_seconds`` is what recomputing costs (Note [Default plan: bytes and recompute
+    traffic] in ``remat/planning/planner.py``)."""
     budget_bytes: int | None = None
     """The peak budget this plan was chosen under, if any."""
     peak_floor_bytes: int = 0
@@ -249,9 +255,16 @@ class PlanData:
         return tuple(sorted(s.name for s in self.saved)), self.recomputed
 
     @property
+    def cost_seconds(self) -> float:
+        """Its estimated time cost: recompute time plus saved traffic (``traffic_seconds``), the
+        quantity the default plan's cut minimises and the time axis of the frontier and of a
+        budget's choice."""
+        return self.recompute_seconds + self.traffic_seconds
+
+    @property
     def tradeoff(self) -> Tradeoff:
-        """Its predicted peak and estimated recompute time (``Tradeoff``)."""
-        return Tradeoff(self.predicted_peak_bytes, self.recompute_seconds)
+        """Its predicted peak and estimated time cost (``Tradeoff``)."""
+        return Tradeoff(self.predicted_peak_bytes, self.cost_seconds)
 
     def recompute_counts(self) -> dict[str, int]:
         """Recomputations counted by op overload, e.g. ``{"aten.mul.Tensor": 4}`` (an op
@@ -311,6 +324,7 @@ class PlanData:
                    recompute_times=tuple(times) if any(t > 1 for t in times) else (),
                    recompute_flops=sum(p.recompute_flops for p in plans),
                    recompute_seconds=sum(p.recompute_seconds for p in plans),
+                   traffic_seconds=sum(p.traffic_seconds for p in plans),
                    predicted_peak_bytes=peak, eager_peak_bytes=eager_peak,
                    peak_model=" + ".join(models),
                    simulated_peak_bytes=_combined(plans, "simulated_peak_bytes"),
@@ -333,8 +347,9 @@ def _combined(plans: list[PlanData], attr: str) -> int:
 
 @dataclass(frozen=True)
 class FrontierData:
-    """The plans no other plan beats on both predicted peak and estimated recompute time, for one
-    graph, sorted from the least recompute time to the most (so their peaks fall): drawn from
+    """The plans no other plan beats on both predicted peak and estimated time cost
+    (``PlanData.cost_seconds``), for one graph, sorted from the least time cost to the most (so
+    their peaks fall): drawn from
     the default plan, every vertex of the lower convex hull of (saved bytes, recompute seconds),
     and the checkpoint-segment plans (``remat.core.segments``; ``checkpoints`` set). A budget chooses
     among all candidates (``remat.planning.choice.choose``). ``default`` is the plan used without a
@@ -362,7 +377,7 @@ class FrontierData:
         return self.default is not None and p.key == self.default.key
 
     def dominating_default(self) -> PlanData | None:
-        """The listed plan that beats the default plan on both peak and recompute time, if the
+        """The listed plan that beats the default plan on both peak and time cost, if the
         default plan is not itself on the frontier."""
         d = self.default
         if d is None or any(self.is_default(p) for p in self.points):

@@ -71,6 +71,14 @@ class JointGraph:
     """A cache, not a fact: ``planner.build_plan``'s node of each (schedule id, status, reason),
     made once and shared by the plans of this graph (the candidates of a budget are dozens of
     plans of one graph)."""
+    bandwidth: float = 0.0
+    """The device model's memory bandwidth (bytes/s): what a saved byte costs in time, written by
+    the forward and read by the backward (``PlanData.traffic_seconds``); 0: not estimated."""
+
+    def traffic_seconds(self, saved_bytes: int) -> float:
+        """The estimated time of writing ``saved_bytes`` in the forward and reading them in the
+        backward (Note [Default plan: bytes and recompute traffic])."""
+        return 2 * saved_bytes / self.bandwidth if self.bandwidth else 0.0
 
     def readers(self) -> list[list[int]]:
         """For each value, the values that read it (in graph order)."""
@@ -126,6 +134,7 @@ def analyze(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list
         schedule=schedule, sched_ids=tuple(ids[n] for n in values),
         node_ops={i: op_name(n) for n, i in ids.items()},
         recompute_flops=tuple(f for f, _ in estimates), recompute_seconds=tuple(s for _, s in estimates),
+        bandwidth=dev.bandwidth,
     )
 
 

@@ -117,4 +117,5 @@ def build_plan(jg: JointGraph, saved_ids: tuple[int, ...] | list[int], computed_
         peak_floor_bytes=eager.floor_bytes,
         recompute_flops=int(flops),
         recompute_seconds=float(secs),
+        traffic_seconds=jg.traffic_seconds(sum(st.nbytes for st in saved)),
     )

@@ -62,7 +62,8 @@ class Candidate:
 
     @property
     def time(self) -> float:
-        return self.plan.recompute_seconds
+        """The plan's estimated time cost (``PlanData.cost_seconds``)."""
+        return self.plan.cost_seconds
 
     @property
     def saved_bytes(self) -> int:
@@ -70,11 +71,11 @@ class Candidate:
 
 
 def non_dominated(plans: list[PlanData]) -> list[PlanData]:
-    """The plans no other plan beats on both predicted peak and estimated recompute time (of
-    equal pairs, the first), sorted from the least recompute time to the most: their peaks fall
+    """The plans no other plan beats on both predicted peak and estimated time cost (of equal
+    pairs, the first), sorted from the least time cost to the most: their peaks fall
     as their times rise."""
     out: list[PlanData] = []
-    for p in sorted(plans, key=lambda q: (q.recompute_seconds, q.predicted_peak_bytes)):
+    for p in sorted(plans, key=lambda q: (q.cost_seconds, q.predicted_peak_bytes)):
         if out and out[-1].tradeoff.no_worse(p.tradeoff):
             continue  # an earlier (no slower) plan is no larger
         out.append(p)
@@ -111,7 +112,7 @@ def _unbeaten(trials: list[_Trial], known: list[Candidate], eager: EagerBaseline
 
 
 def _tradeoff(jg: JointGraph, s: Solution) -> Tradeoff:
-    return Tradeoff(simulate(jg.schedule, jg.to_schedule_ids(s.saved)).peak_bytes, s.time)
+    return Tradeoff(simulate(jg.schedule, jg.to_schedule_ids(s.saved)).peak_bytes, s.time + jg.traffic_seconds(s.cost))
 
 
 def _activations(jg: JointGraph) -> set[int]:
@@ -195,7 +196,7 @@ def _nested_plans(gm: fx.GraphModule, reanalyze: Callable[[fx.GraphModule], Join
     ``segments.nested_sets``, the joint graph rewritten with copies (``reanalyze``\\ d as ``jg``
     was), planned with the outer checkpoints saved, the inner ones and the copies recomputed,
     and otherwise the fewest bytes (every cost rule relaxed, recompute time breaking ties).
-    Only plans no other candidate beats on both predicted peak and recompute time are returned."""
+    Only plans no other candidate beats on both predicted peak and time cost are returned."""
     if not backend.keeps_op_order:
         return []
     act = _activations(jg)

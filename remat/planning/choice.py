@@ -173,7 +173,7 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     fits (``infeasible``).
 
     Monotone: lowering the budget only removes candidates, so the chosen peak never rises and
-    the estimated recompute time never falls.
+    the estimated time cost never falls.
 
     ``attempt``: the peaks read from compiled candidates, used instead of their predictions;
     on the re-plan's last compile, the fitting candidate of the smallest peak, the one with the
@@ -201,24 +201,46 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
 
 # Note [The default at most eager's peak]
 # Without a budget a graph takes the min-cut plan of least bytes and recompute traffic (Note
-# [Default plan: bytes and recompute traffic] in ``remat/planning/planner.py``). The backend's
-# model can put that plan's peak above eager autograd's, and remat must not ask for more memory
-# than eager to save less. So where the min-cut plan's predicted peak is more than
-# ``EAGER_PEAK_SLACK`` above eager's, the default is the plan ``budget=1.0`` would choose (the
-# fastest candidate at most at eager's peak, else the smallest within the slack; Note [A budget
-# at eager's peak]), kept first among the candidates so that a budget still takes the default
-# whenever its peak fits; if no candidate is within the slack, the min-cut plan stays and its notes
-# say so. Within the slack the min-cut plan stays: the difference is inside the model's error,
-# and trading recompute for it made small graphs slower for nothing (the README's demo, +1.8%
-# under the Inductor model, measured 449,032 B against eager's 448,776 B on CPU; a one-block
-# model on the uncompiled backend took a nested plan, every op of a segment run twice, to be a
-# few bytes under eager's peak).
+# [Default plan: bytes and recompute traffic] in ``remat/planning/planner.py``). Its objective,
+# ``saved bytes + bandwidth / 2 x recompute seconds``, is the time cost in bytes: the plan is the
+# one of least estimated time cost (``PlanData.cost_seconds``: recompute time plus writing and
+# reading what it saves) that the cost rules allow, so no plan keeping those rules beats it on
+# both peak and time cost (a tie in time at most). The frontier's time axis is that time cost
+# (before, the recompute time alone: a plan saving 96 KiB more with less recompute and the same
+# peak was listed as beating the README's demo's default, though it pays for those bytes in
+# traffic).
+#
+# Its predicted peak can still be above eager autograd's: the backend's model of the step can
+# put it there, and remat must not ask for more memory than eager to save less. Where it is more
+# than ``EAGER_PEAK_SLACK`` above eager's, the default is the fastest candidate (least time cost,
+# then peak) predicted at most at eager's peak; if none is, the fastest within the slack (the plan
+# ``budget=1.0`` would choose: Note [A budget at eager's peak]); if none is, the min-cut plan stays
+# and its notes say so. The chosen plan goes first among the candidates, so that a budget still
+# takes the default whenever its peak fits. Within the slack the min-cut plan stays: the
+# difference is inside the model's error, and trading recompute for it made small graphs slower
+# for nothing. The README's demo under the Inductor model is such a graph: its min-cut plan is
+# predicted at 461.62 KiB against eager's 453.50 KiB (+1.8%) and every plan of remat's is above
+# eager's (the smallest, 453.62 KiB, recomputes 100 ops); measured on CPU it is below eager's
+# (448,008 B against 448,776 B). A test model of the DDP tests, inside the slack, took a nested
+# plan (every op of a segment run twice) when the rule gave way at any margin.
+#
+# A budget's candidate that recomputes what the cost rules keep saved (a convolution, a matmul, a
+# reduction) can be estimated to beat the default on both: on the small ResNet's CPU graph a hull
+# vertex recomputing two convolutions is estimated at 15.03 MiB and 1.24 ms against the min-cut
+# plan's 16.01 MiB and 1.45 ms. It is not taken on the estimates, which are what the rules
+# distrust. Its notes say what it recomputes (``RECOMPUTES_RULED``), ``pareto`` says why it is not
+# the default, and where the first steps are measured (``remat.tuning``; CUDA by default) it is
+# measured beside the default (``remat.planning.measured``) and the faster is kept.
 
 
 def above_eager(peak: int, eager_peak: int) -> bool:
-    """Whether a min-cut plan's ``peak`` is far enough above eager's for the default to be another
-    plan (Note [The default at most eager's peak])."""
+    """Whether a min-cut plan's ``peak`` is far enough above eager's (beyond ``EAGER_PEAK_SLACK``)
+    for the default to be another plan (Note [The default at most eager's peak])."""
     return eager_peak > 0 and peak > _at_eager_peak(eager_peak, eager_peak)
+
+
+def _noted(c: Candidate, note: str) -> Candidate:
+    return replace(c, plan=replace(c.plan, notes=(*c.plan.notes, note)))
 
 
 def default_first(candidates: list[Candidate], eager_peak: int) -> list[Candidate]:
@@ -227,20 +249,18 @@ def default_first(candidates: list[Candidate], eager_peak: int) -> list[Candidat
     mincut = candidates[0]
     if not above_eager(mincut.peak, eager_peak):
         return candidates
-    above = (f"the min-cut plan's predicted peak ({format_bytes(mincut.peak)}) is {mincut.peak / eager_peak - 1:.1%} "
-             f"above eager autograd's ({format_bytes(eager_peak)})")
-    fitting = [c for c in candidates if c.peak <= eager_peak]
-    if not fitting:
-        fitting = [c for c in candidates if c.peak <= _at_eager_peak(eager_peak, eager_peak)]
+    above = (f"the min-cut plan's predicted peak ({format_bytes(mincut.peak)}) is "
+             f"{mincut.peak / eager_peak - 1:.1%} above eager autograd's ({format_bytes(eager_peak)})")
+    fitting = ([c for c in candidates if c.peak <= eager_peak]
+               or [c for c in candidates if c.peak <= _at_eager_peak(eager_peak, eager_peak)])
     if not fitting:
         smallest = min(c.peak for c in candidates)
-        note = (f"{above}, and so is every plan of remat's (the smallest: {format_bytes(smallest)}); the "
-                "min-cut plan is kept (Note [The default at most eager's peak])")
-        return [replace(mincut, plan=replace(mincut.plan, notes=(*mincut.plan.notes, note))), *candidates[1:]]
+        return [_noted(mincut, f"{above}, and so is every plan of remat's (the smallest: {format_bytes(smallest)}); "
+                               "the min-cut plan is kept (Note [The default at most eager's peak])"), *candidates[1:]]
     picked = min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))
-    note = (f"{above}: the default is the plan budget=1.0 chooses, predicted at {format_bytes(picked.peak)} "
-            f"(Note [The default at most eager's peak])")
-    default = replace(picked, plan=replace(picked.plan, notes=(*picked.plan.notes, note)))
+    within = " (within the slack of eager's peak: no plan is predicted at or below it)" if picked.peak > eager_peak else ""
+    default = _noted(picked, f"{above}: the default is the fastest plan predicted at {format_bytes(picked.peak)}{within} "
+                             "(Note [The default at most eager's peak])")
     return [default, *[c for c in candidates if c is not picked]]
 
 

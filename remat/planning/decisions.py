@@ -89,6 +89,12 @@ class Decisions:
         kept = {i: r for i, r in self.no_recompute.items() if r.kind is not Kind.COST}
         return Decisions(kept, self.no_save, self.reasons)
 
+    def cost_ruled(self, jg: JointGraph, recomputed: tuple[str, ...]) -> tuple[str, ...]:
+        """The values of ``recomputed`` (names) that these decisions' cost rules keep saved: what
+        a relaxed plan recomputes that the default plan may not."""
+        ruled = {jg.facts[i].name for i, r in self.no_recompute.items() if r.kind is Kind.COST}
+        return tuple(n for n in recomputed if n in ruled)
+
     def problem(self, jg: JointGraph) -> Problem:
         """The min-cut problem of ``jg`` under these decisions, recompute time as its cost."""
         return jg.problem(_texts(self.no_recompute), _texts(self.no_save), recompute_cost=jg.recompute_seconds)

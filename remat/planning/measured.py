@@ -26,10 +26,13 @@ chosen plan's."""
 def measured_picks(chosen: PlanData, frontier: Sequence[PlanData], count: int,
                    budget_bytes: int | None = None) -> list[PlanData]:
     """Up to ``count`` frontier plans to measure beside ``chosen``: smaller by ``SMALLER`` at
-    least, within ``budget_bytes`` if given, the least estimated recompute time first (ties to
-    the smaller peak); never ``chosen`` itself."""
+    least, or estimated to beat it on both peak and time cost (a plan the default's cost rules
+    kept from being the default: Note [The default at most eager's peak]), within
+    ``budget_bytes`` if given; those that beat it first, then the least estimated time cost
+    (ties to the smaller peak); never ``chosen`` itself."""
     limit = chosen.predicted_peak_bytes * SMALLER
-    fits = [p for p in frontier if p.key != chosen.key and p.predicted_peak_bytes <= limit
+    fits = [p for p in frontier if p.key != chosen.key
+            and (p.predicted_peak_bytes <= limit or p.tradeoff.dominates(chosen.tradeoff))
             and (budget_bytes is None or p.predicted_peak_bytes <= budget_bytes)]
-    fits.sort(key=lambda p: (p.recompute_seconds, p.predicted_peak_bytes))
+    fits.sort(key=lambda p: (not p.tradeoff.dominates(chosen.tradeoff), p.cost_seconds, p.predicted_peak_bytes))
     return fits[:count]

@@ -14,6 +14,7 @@ baseline is simulated with the reference one (op by op). This stage never touche
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch.fx as fx
@@ -36,6 +37,9 @@ from .decisions import Decisions, decisions
 __all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
 
 log = logging.getLogger("remat")
+
+RECOMPUTES_RULED = "recomputes values the default plan's cost rules keep saved: "
+"""How a candidate's note begins when it recomputes what the cost rules keep saved."""
 
 
 def traffic_weight(dev: DeviceModel) -> float:
@@ -101,6 +105,18 @@ def _default_cut(jg: JointGraph, decided: Decisions, dev: DeviceModel) -> Soluti
         ) from None
 
 
+def _noting_rules(c: Candidate, decided: Decisions, jg: JointGraph) -> Candidate:
+    """``c``, its plan noting what it recomputes that the default plan's cost rules keep saved."""
+    ruled = decided.cost_ruled(jg, c.plan.recomputed) if c.jg is None else ()
+    if not ruled:
+        return c
+    names = set(ruled)
+    ops = Counter(f.op for f in jg.facts if f.name in names)
+    note = (RECOMPUTES_RULED + ", ".join(f"{op} x{k}" for op, k in sorted(ops.items()))
+            + " (a budget may take it; the default plan does not, on estimates)")
+    return replace(c, plan=replace(c.plan, notes=(*c.plan.notes, note)))
+
+
 def plan_joint_graph(
     gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,
     want_frontier: bool, backend: Backend, *, reference: Backend, ends_at_break: bool = False,
@@ -124,7 +140,7 @@ def plan_joint_graph(
     plan = build_plan(jg, sol.saved, sol.recomputed, decided, eager)
     fast = options.budget is None and not want_frontier and pick is None
     if fast and not above_eager(plan.predicted_peak_bytes, eager.peak_bytes):
-        return Planned(jg, list(sol.saved), plan)
+        return Planned(jg, list(sol.saved), plan)  # no candidate keeping the rules beats it (Note [The default ...])
 
     def reanalyze(nested: fx.GraphModule) -> JointGraph:  # a nested plan's rewrite, analysed as gm was
         return analyze(nested, num_fwd_outputs, static_input_indices, options.device_model, backend,
@@ -132,7 +148,8 @@ def plan_joint_graph(
 
     found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.DEFAULT), gm, reanalyze, jg, decided,
                        options, backend, eager)
-    found = default_first(found, eager.peak_bytes)  # Note [The default at most eager's peak]
+    found = default_first([_noting_rules(c, decided, jg) for c in found],
+                          eager.peak_bytes)  # Note [The default at most eager's peak]
     frontier = tuple(non_dominated([c.plan for c in found]))
     picked = next((c for c in found if c.plan.key == pick), None) if pick is not None else None
     if picked is not None:

@@ -1,6 +1,7 @@
-"""``print(frontier)`` and ``frontier.plot(path)``: the memory/recompute frontier of one graph as a
-table (saved bytes, predicted peak, its ratio to eager autograd's, estimated recompute time) and
-as a plot of predicted peak (MiB) against estimated recompute time (ms)."""
+"""``print(frontier)`` and ``frontier.plot(path)``: the memory/time frontier of one graph as a table
+(saved bytes, predicted peak, its ratio to eager autograd's, estimated recompute time and time
+cost: recompute plus saved traffic) and as a plot of predicted peak (MiB) against estimated time
+cost (ms)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ def _row(frontier: FrontierData, k: int, p: PlanData) -> tuple[str, ...]:
     if frontier.is_default(p):
         kind += " (default)"
     return (str(k), kind, format_bytes(p.saved_bytes), format_bytes(p.predicted_peak_bytes), ratio,
-            f"{p.recompute_seconds * 1e3:.3f} ms", str(len(p.recomputed)))
+            f"{p.recompute_seconds * 1e3:.3f} ms", f"{p.cost_seconds * 1e3:.3f} ms", str(len(p.recomputed)))
 
 
 def render(frontier: FrontierData) -> str:
     """The frontier as ``print(frontier)`` shows it."""
-    rows = [("#", "kind", "saved", "predicted peak", "x eager peak", "recompute (est.)", "recomputed ops")]
+    rows = [("#", "kind", "saved", "predicted peak", "x eager peak", "recompute (est.)", "time cost (est.)",
+             "recomputed ops")]
     rows += [_row(frontier, k, p) for k, p in enumerate(frontier.points)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"remat frontier: {len(frontier.points)} plans no other plan beats on both predicted peak and "
-             f"recompute time (eager autograd's predicted peak: {format_bytes(frontier.eager_peak_bytes)})"]
+             "time cost (recompute plus writing and reading what it saves) (eager autograd's predicted peak: "
+             f"{format_bytes(frontier.eager_peak_bytes)})"]
     for j, r in enumerate(rows):
         lines.append("  ".join(v.rjust(w) for v, w in zip(r, widths)))
         if j == 0:
@@ -37,25 +40,21 @@ def render(frontier: FrontierData) -> str:
     beaten = frontier.dominating_default()
     d = frontier.default
     if beaten is not None and d is not None:
-        k = frontier.points.index(beaten)
-        head = (f"default plan (no budget): predicted peak {format_bytes(d.predicted_peak_bytes)}, recompute "
-                f"{d.recompute_seconds * 1e3:.3f} ms, saves {format_bytes(d.saved_bytes)}; ")
-        if beaten.saved_bytes > d.saved_bytes:
-            lines.append(head + f"plan #{k} has no higher peak and less recompute but saves "
-                         f"{format_bytes(beaten.saved_bytes - d.saved_bytes)} more, each byte written by the forward "
-                         "and read by the backward: the default's cut prices that traffic, the recompute column "
-                         "does not (Note [Default plan: bytes and recompute traffic])")
-        else:
-            lines.append(head + f"plan #{k} beats it on peak, recompute and saved bytes")
+        lines.append(f"default plan (no budget): predicted peak {format_bytes(d.predicted_peak_bytes)}, time cost "
+                     f"{d.cost_seconds * 1e3:.3f} ms; plan #{frontier.points.index(beaten)} is estimated to beat it on "
+                     "both by recomputing what the default plan's cost rules keep saved (its notes say what): the "
+                     "default is not changed on estimates the rules distrust; where the first steps are measured "
+                     "(remat.Tuning; CUDA by default) that plan is measured beside it and the faster is kept "
+                     "(Note [The default at most eager's peak])")
     return "\n".join(lines)
 
 
 def _xy(plans: tuple[PlanData, ...]) -> tuple[list[float], list[float]]:
-    return [p.recompute_seconds * 1e3 for p in plans], [p.predicted_peak_bytes / _MIB for p in plans]
+    return [p.cost_seconds * 1e3 for p in plans], [p.predicted_peak_bytes / _MIB for p in plans]
 
 
 def plot(frontier: FrontierData, path: str) -> str:
-    """Predicted peak (MiB) against estimated recompute time (ms), as PNG or SVG by the file's
+    """Predicted peak (MiB) against estimated time cost (ms), as PNG or SVG by the file's
     extension; returns ``path``. Needs matplotlib."""
     try:  # a Figure of its own, not pyplot: a notebook's or script's matplotlib backend is left alone
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -74,7 +73,7 @@ def plot(frontier: FrontierData, path: str) -> str:
         ax.plot(*_xy((frontier.default,)), "*", color="C3", markersize=12, label="default plan")
     if frontier.eager_peak_bytes:
         ax.axhline(frontier.eager_peak_bytes / _MIB, color="gray", ls="--", label="eager autograd")
-    ax.set_xlabel("estimated recompute time (ms)")
+    ax.set_xlabel("estimated time cost: recompute + saved traffic (ms)")
     ax.set_ylabel("predicted peak memory of a step (MiB)")
     ax.legend()
     fig.tight_layout()

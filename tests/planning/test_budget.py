@@ -20,9 +20,12 @@ from remat.core.solver import ConflictError, Problem
 from remat.plan import Plan, SavedTensor
 from remat.plan_data import PlanData
 from remat.planning.candidates import Candidate
+from remat.planning.measured import measured_picks
+from remat.planning.planner import RECOMPUTES_RULED
 from remat.planning.choice import EAGER_PEAK_SLACK, Attempt, choose, default_first
 from remat.units import format_bytes
 from zoo import workloads
+from zoo.small import MODELS as SMALL
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -123,8 +126,8 @@ def test_budget_sweep_is_monotone(name):
         assert plan.predicted_peak_bytes <= b
         if last_peak is not None:
             assert plan.predicted_peak_bytes <= last_peak
-            assert plan.recompute_seconds >= last_time
-        last_peak, last_time = plan.predicted_peak_bytes, plan.recompute_seconds
+            assert plan.cost_seconds >= last_time
+        last_peak, last_time = plan.predicted_peak_bytes, plan.cost_seconds
     with pytest.raises(remat.InfeasibleBudgetError, match=r"^remat: no plan fits .*smallest predicted peak"):
         remat.explain(model, x, budget=lo - 1)
 
@@ -205,22 +208,16 @@ def test_pareto_lists_only_non_dominated_plans_and_marks_the_default(name):
     torch._dynamo.reset()
     model, x = workloads.build(name, "medium")
     f = remat.pareto(model, x)
-    pts = [(p.predicted_peak_bytes, p.recompute_seconds) for p in f.points]
+    pts = [(p.predicted_peak_bytes, p.cost_seconds) for p in f.points]
     for a in pts:
         assert not any(b[0] <= a[0] and b[1] <= a[1] and b != a for b in pts), (a, pts)
     times = [t for _, t in pts]
     peaks = [pk for pk, _ in pts]
     assert times == sorted(times) and peaks == sorted(peaks, reverse=True)  # the curve only goes down
     assert f.default is not None
-    text = str(f)
-    beaten = f.dominating_default()
-    if beaten is None:
-        assert "(default)" in text
-    elif beaten.saved_bytes > f.default.saved_bytes:
-        # Not a better plan: it saves more, traffic the recompute column leaves out.
-        assert f"saves {format_bytes(beaten.saved_bytes - f.default.saved_bytes)} more" in text
-    else:
-        assert "beats it on peak, recompute and saved bytes" in text
+    # The default is on the frontier: no plan remat knows beats it on both (issue 29 item 5).
+    assert f.dominating_default() is None
+    assert any(f.is_default(p) for p in f.points) and "(default)" in str(f)
 
 
 def _plan(peak, secs, name):
@@ -277,16 +274,60 @@ def test_the_default_is_at_most_eagers_peak_when_a_plan_is():
     above = Candidate((3,), (), _plan(205, 0.5, "a"), "hull")
     found = default_first([mincut, above, slow, fast], 200)
     assert [c.plan.saved[0].name for c in found] == ["f", "d", "a", "s"]
-    assert any("is 5.0% above eager autograd's (200 B): the default is the plan budget=1.0 chooses, predicted at "
-               "199 B" in n for n in found[0].plan.notes)
+    assert any("is 5.0% above eager autograd's (200 B): the default is the fastest plan predicted at 199 B" in n
+               for n in found[0].plan.notes)
     assert choose(found, 10**9, 200).plan.saved[0].name == "f"
     assert default_first([fast, mincut], 200)[0] is fast  # at or under eager's peak: unchanged
     kept = default_first([mincut, above], 200)  # nothing within the slack of eager's peak: the min-cut stays
     assert kept[0].plan.saved == mincut.plan.saved and "the smallest: 205 B" in kept[0].plan.notes[-1]
     near = Candidate((4,), (), _plan(203, 1.0, "n"), "segments")  # none at eager's peak, one within the slack
     assert default_first([mincut, near], 200)[0].plan.saved == near.plan.saved
-    within = Candidate((0,), (), _plan(203, 0.0, "w"), "default")  # the min-cut within the slack: kept as is
+    # A min-cut within the slack (+1.5%) stays as it is, even beside a plan at eager's peak: the
+    # difference is inside the model's error (the DDP tests' model took a nested plan for it).
+    within = Candidate((0,), (), _plan(203, 0.0, "w"), "default")
     assert default_first([within, fast], 200)[0] is within
+    assert default_first([within, near], 200)[0] is within
+    # Beyond the slack with no plan at eager's peak: the fastest within it, noted as such.
+    over = Candidate((0,), (), _plan(210, 0.0, "o"), "default")
+    slower = Candidate((5,), (), _plan(202, 2.0, "t"), "segments")
+    picked = default_first([over, slower, near], 200)[0]
+    assert picked.plan.saved == near.plan.saved
+    assert "is 5.0% above eager autograd's (200 B): the default is the fastest plan predicted at 203 B (within the " \
+        "slack" in picked.plan.notes[-1]
+
+
+def test_no_plan_keeping_the_cost_rules_beats_the_default_on_time_cost():
+    # issue 29 item 5: the default is the cut of least bytes + bandwidth/2 x recompute seconds,
+    # i.e. of least time cost (recompute plus saved traffic) under the cost rules, so no frontier
+    # plan that keeps those rules has less time cost; before, the frontier's time was recompute
+    # alone and a plan saving 96 KiB more at the same peak was listed as beating the demo's default.
+    for name in workloads.WORKLOADS:
+        torch._dynamo.reset()
+        model, x = workloads.build(name, "small")
+        f = remat.pareto(model, x, backend="eager")
+        d = f.default
+        assert d.traffic_seconds == pytest.approx(2 * d.saved_bytes / remat.device.CPU.bandwidth)
+        assert d.cost_seconds == d.recompute_seconds + d.traffic_seconds
+        keeping = [p for p in f.points if not p.checkpoints and not any(n.startswith(RECOMPUTES_RULED) for n in p.notes)]
+        assert keeping and all(p.cost_seconds >= d.cost_seconds * (1 - 1e-9) for p in keeping), name
+        assert f.dominating_default() is None, name
+
+
+def test_a_plan_breaking_the_cost_rules_is_not_the_default_on_estimates():
+    # The small ResNet: a hull vertex recomputing two convolutions is estimated to beat the
+    # min-cut default on both peak and time cost. The default keeps the rules; the plan's notes
+    # name what it recomputes, pareto says why, and tuning measures it beside the default.
+    torch._dynamo.reset()
+    model, loss = SMALL["resnet"]()
+    f = remat.pareto(lambda: loss(model), backend="eager")
+    beaten = f.dominating_default()
+    assert beaten is not None and beaten.tradeoff.dominates(f.default.tradeoff)
+    assert not any(n.startswith(RECOMPUTES_RULED) for n in f.default.notes)
+    (note,) = [n for n in beaten.notes if n.startswith(RECOMPUTES_RULED)]
+    assert "aten.convolution.default x" in note
+    assert "is estimated to beat it on both by recomputing what the default plan's cost rules keep saved" in str(f)
+    picks = measured_picks(f.default, f.points, 1)
+    assert [p.key for p in picks] == [beaten.key]  # measured first where the steps are measured
 
 
 def test_the_demos_default_is_the_same_in_explain_pareto_and_training():

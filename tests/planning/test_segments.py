@@ -64,16 +64,16 @@ def test_checkpoint_plans_never_recompute_through_their_checkpoints(name):
         # Only plans no other frontier plan beats on both peak and time are kept.
         for q in frontier.points:
             assert not (q is not p and q.predicted_peak_bytes <= p.predicted_peak_bytes
-                        and q.recompute_seconds <= p.recompute_seconds
-                        and (q.predicted_peak_bytes, q.recompute_seconds)
-                        != (p.predicted_peak_bytes, p.recompute_seconds))
+                        and q.cost_seconds <= p.cost_seconds
+                        and (q.predicted_peak_bytes, q.cost_seconds)
+                        != (p.predicted_peak_bytes, p.cost_seconds))
     assert "checkpoints" in str(frontier)
 
 
 def test_a_budget_can_choose_a_checkpoint_plan_and_its_peak_is_what_it_predicts():
     model, x = workloads.build("pointwise", "medium")
     frontier = remat.pareto(remat.checkpoint(model, backend="eager"), x)
-    lowest = min(frontier.points, key=lambda p: (p.predicted_peak_bytes, p.recompute_seconds))
+    lowest = min(frontier.points, key=lambda p: (p.predicted_peak_bytes, p.cost_seconds))
     assert lowest.checkpoints, "on pointwise the smallest peak is a checkpoint plan"
     assert lowest.predicted_peak_bytes < min(p.predicted_peak_bytes for p in frontier.hull)
     rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=lowest.predicted_peak_bytes)
