@@ -107,7 +107,10 @@ from zoo import Workload  # noqa: E402, F401  (re-exported: tests build workload
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 """The four models of the headline table (``render_real_models.MODELS``); ``zoo.SUITE`` has them all."""
 STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat untuned", "remat b0.75",
-              "remat b0.5", "remat b0.3", "remat @ckpt peak")
+              "remat b0.5", "remat b0.3", "remat @ckpt peak", "remat uncompiled", "remat offload auto",
+              "remat offload all")
+OFFLOAD = {"remat uncompiled": False, "remat offload auto": "auto", "remat offload all": "all"}
+"""remat's uncompiled backend (``offload=`` runs there only so far), untuned, without and with offload."""
 ANCHORS = ("eager", "eager+ckpt", "compile b0.5", "compile+ckpt")
 NORMAL = ("eager", "compile", "remat", "remat b0.75", "remat b0.5", "remat b0.3", "remat @ckpt peak")
 COMPILED = ("compile", "compile b0.5", "compile+ckpt")
@@ -143,6 +146,8 @@ def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, co
         return remat.checkpoint(model, **{**rk, "tune": False}), nothing
     if name.startswith("remat b"):
         return remat.checkpoint(model, **{"budget": float(name[len("remat b"):]), **rk}), nothing
+    if name in OFFLOAD:
+        return remat.checkpoint(model, **{**rk, "backend": "eager", "tune": False, "offload": OFFLOAD[name]}), nothing
     if name == "remat @ckpt peak":
         if not ckpt_peak:
             raise NoAnchor("needs compile+ckpt's measured peak: measure compile+ckpt in this run (before this "
@@ -246,6 +251,11 @@ def plan_fields(fn: Callable) -> dict:
         "origin": [p.origin for p in plans],
         "chosen_by": [p.chosen_by for p in plans],
         "measured": [[list(m) for m in p.measured] for p in plans],
+        # offload (remat.planning.offload): host bytes, estimated stall, values moved
+        "host_mib": sum(p.host_bytes for p in plans) / MiB,
+        "offload_stall_ms_estimate": sum(p.offload_stall_seconds for p in plans) * 1e3,
+        "offloaded": sum(len(p.offloaded) for p in plans),
+        "offload_notes": [n for p in plans for n in p.notes if n.startswith("offload")],
     }
     if len(plans) > 1:
         row["predicted_peak_sum_mib"] = sum(p.predicted_peak_bytes for p in plans) / MiB

@@ -44,6 +44,7 @@ def checkpoint(
     budget: int | float | str | None = None,
     device_model: Any = None,
     tune: Any = "auto",
+    offload: bool | str = False,
 ) -> T:
     """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
 
@@ -58,6 +59,9 @@ def checkpoint(
     With ``tune`` (``"auto"``: on CUDA) the first training steps measure the plan prediction
     chose against a smaller frontier plan and torch.compile's own partition, and keep the
     smallest within 2% of the fastest (``remat.tuning``; the decision is cached on disk).
+    With ``offload`` (``"auto"`` or ``"all"``, ``backend="eager"`` only so far) saved
+    activations move to pinned host memory between the forward and the backward, copied on side
+    streams behind compute (``remat.planning.offload``).
 
     Warns once if Dynamo breaks the model into several graphs (each is planned on its own),
     and turns off Hugging Face gradient checkpointing flags on the model, with a warning.
@@ -65,7 +69,7 @@ def checkpoint(
     """
     _check_model(model, "checkpoint", "Pass the model itself (remat.checkpoint(model)) or a function of tensors.")
     options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
-                      device_model=device_model, tune=tune)
+                      device_model=device_model, tune=tune, offload=offload)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
         return wrap_module(model, rb)  # type: ignore[return-value]

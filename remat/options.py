@@ -12,7 +12,10 @@ from .errors import RematError
 from .policy import Policy, normalize_policy
 from .tuning import Tuning, parse_tune
 
-__all__ = ["Options", "BACKENDS"]
+__all__ = ["Options", "BACKENDS", "OFFLOAD_MODES"]
+
+OFFLOAD_MODES = (False, "auto", "all")
+"""The values of ``offload``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +50,13 @@ class Options:
     (``remat.tuning``): ``"auto"`` on CUDA, ``True`` on every device, ``False`` never, or a
     ``remat.Tuning``. Normalised to a ``Tuning`` or ``None``."""
 
+    offload: bool | str = False
+    """Saved activations kept in pinned host memory between the forward and the backward,
+    copied on side streams (``remat.planning.offload``): ``False`` never; ``"auto"`` those whose
+    copies the step's compute hides (none where the device is the host, on CPU); ``"all"`` every
+    saved activation that can move, hidden or not (the copies' estimated stall is in the plan).
+    The uncompiled backend only, so far."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:
             raise RematError(
@@ -57,6 +67,13 @@ class Options:
             raise RematError(f"remat: strict must be True or False, got {self.strict!r}.")
         if self.dynamic not in (None, True, False):
             raise RematError(f"remat: dynamic must be None, True or False, got {self.dynamic!r}.")
+        if self.offload not in OFFLOAD_MODES or self.offload is True:
+            raise RematError(f"remat: offload must be one of {OFFLOAD_MODES}, got {self.offload!r}. "
+                             "Use offload='auto' to offload what the step's compute hides, or offload=False.")
+        if self.offload and self.backend != "eager":
+            raise RematError(f"remat: offload={self.offload!r} runs with backend='eager' only so far, got "
+                             f"backend={self.backend!r}. Pass backend='eager' to offload, or offload=False to compile "
+                             "with Inductor.")
         object.__setattr__(self, "policy", normalize_policy(self.policy))
         object.__setattr__(self, "budget", parse_budget(self.budget))
         object.__setattr__(self, "tune", parse_tune(self.tune))

@@ -20,7 +20,7 @@ from typing import Any
 
 from .units import format_bytes
 
-__all__ = ["Role", "Status", "READ", "ValueInfo", "NodeFacts", "SavedTensor", "PlanNode", "Tradeoff", "PlanKey",
+__all__ = ["Role", "Status", "READ", "ValueInfo", "NodeFacts", "SavedTensor", "Offloaded", "PlanNode", "Tradeoff", "PlanKey",
            "PlanData", "FrontierData"]
 
 
@@ -148,6 +148,24 @@ class Tradeoff:
         return self.no_worse(other) and self != other
 
 
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    """One saved value kept in host memory between the forward and the backward: copied out
+    after its last forward use and back before its first backward use, on side streams
+    (``remat.planning.offload``). Times are estimates, in seconds from the step's start."""
+
+    name: str
+    nbytes: int
+    copy_out: tuple[float, float]
+    """When its device-to-host copy runs (start, end); its device memory is freed at the end."""
+    copy_in: tuple[float, float]
+    """When its host-to-device copy runs (start, end); its device memory is taken at the start."""
+    stall_seconds: float = 0.0
+    """How long the backward is estimated to wait for its copy back (0: hidden behind compute)."""
+    reload_before: str = ""
+    """The backward op its copy back is issued before."""
+
+
 PlanKey = tuple[tuple[str, ...], tuple[str, ...]]
 """``PlanData.key``: the sorted names of a plan's saved values, and its recomputed ops' names."""
 
@@ -233,6 +251,9 @@ class PlanData:
     and peak bytes, in the order measured; empty otherwise."""
     chosen_by: str = ""
     """Why this plan runs, when it was measured or taken from the decision cache."""
+    offloaded: tuple[Offloaded, ...] = ()
+    """The saved values kept in host memory between the halves (``offload=``); each is also in
+    ``saved``. Empty unless offload was asked for and found something to move."""
 
     def with_compiled_peak(self, peak_bytes: int, where: str = "", caveats: tuple[str, ...] = ()) -> PlanData:
         """This plan with its step's peak read from the compiled graphs (``compiled_peak_bytes``),
@@ -245,8 +266,24 @@ class PlanData:
 
     @property
     def saved_bytes(self) -> int:
-        """Bytes kept alive for the backward by this plan (parameters excluded)."""
+        """Bytes kept alive for the backward by this plan (parameters excluded), on the device or
+        offloaded to host memory."""
         return sum(s.nbytes for s in self.saved)
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the saved values kept in host memory (``offloaded``)."""
+        return sum(o.nbytes for o in self.offloaded)
+
+    @property
+    def device_saved_bytes(self) -> int:
+        """Saved bytes held on the device between the halves: ``saved_bytes`` less ``host_bytes``."""
+        return self.saved_bytes - self.host_bytes
+
+    @property
+    def offload_stall_seconds(self) -> float:
+        """How long the backward is estimated to wait for offloaded values' copies back."""
+        return sum(o.stall_seconds for o in self.offloaded)
 
     @property
     def key(self) -> PlanKey:
@@ -259,7 +296,7 @@ class PlanData:
         """Its estimated time cost: recompute time plus saved traffic (``traffic_seconds``), the
         quantity the default plan's cut minimises and the time axis of the frontier and of a
         budget's choice."""
-        return self.recompute_seconds + self.traffic_seconds
+        return self.recompute_seconds + self.traffic_seconds + self.offload_stall_seconds
 
     @property
     def tradeoff(self) -> Tradeoff:
@@ -295,9 +332,10 @@ class PlanData:
         two linear+tanh halves split by a graph break, 28.3 MB against 33.5 MB predicted."""
         if len(plans) == 1:
             return plans[0]
-        saved, rec, ops, notes, nodes, times = [], [], [], [], [], []
+        saved, rec, ops, notes, nodes, times, offloaded = [], [], [], [], [], [], []
         for k, p in enumerate(plans):
             saved += [replace(s, name=f"g{k}.{s.name}") for s in p.saved]
+            offloaded += [replace(o, name=f"g{k}.{o.name}") for o in p.offloaded]
             rec += [f"g{k}.{r}" for r in p.recomputed]
             ops += list(p.recomputed_ops)
             times += list(p.times())
@@ -310,7 +348,7 @@ class PlanData:
         for p in plans:
             peak = max(peak, before + p.predicted_peak_bytes)
             eager_peak = max(eager_peak, eager_before + p.eager_peak_bytes)
-            before += p.saved_bytes
+            before += p.device_saved_bytes
             eager_before += p.eager_saved_bytes
         models = sorted({p.peak_model for p in plans if p.peak_model})
         if all(p.predicted_peak_bytes for p in plans):
@@ -329,7 +367,8 @@ class PlanData:
                    peak_model=" + ".join(models),
                    simulated_peak_bytes=_combined(plans, "simulated_peak_bytes"),
                    compiled_peak_bytes=_combined(plans, "compiled_peak_bytes"),
-                   peak_floor_bytes=max(p.peak_floor_bytes for p in plans) if peak else 0)
+                   peak_floor_bytes=max(p.peak_floor_bytes for p in plans) if peak else 0,
+                   offloaded=tuple(offloaded))
 
 
 def _combined(plans: list[PlanData], attr: str) -> int:
@@ -340,7 +379,7 @@ def _combined(plans: list[PlanData], attr: str) -> int:
         if not value:
             return 0
         peak = max(peak, before + value)
-        before += p.saved_bytes
+        before += p.device_saved_bytes
     return peak
 
 

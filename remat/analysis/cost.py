@@ -5,6 +5,7 @@ the example inputs Dynamo traced with), never guards: a plan stays valid for eve
 from __future__ import annotations
 
 import enum
+import operator
 
 import torch
 import torch.fx as fx
@@ -15,7 +16,7 @@ from ..policy import OpInfo
 from .ops import schema_arg
 
 __all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "flops", "Work", "recompute_seconds",
-           "recompute_estimate"]
+           "recompute_estimate", "run_seconds"]
 
 
 def hint(x: object) -> int:
@@ -123,6 +124,26 @@ def recompute_seconds(kind: Work, n_flops: int, bytes_in: int, bytes_out: int, d
     if kind is Work.REDUCTION:
         return max(n_flops / dev.vector_flops, bytes_in / dev.bandwidth)
     return max(n_flops / dev.matmul_flops, (bytes_in + bytes_out) / dev.bandwidth)
+
+
+def run_seconds(node: fx.Node, dev: DeviceModel) -> float:
+    """Roofline time of running ``node`` as its own kernel (the uncompiled backend runs every op
+    so): its FLOPs at the matmul rate for a matmul, convolution or attention and at the vector
+    rate otherwise, or reading its inputs and writing its output, whichever is longer; 0 for a
+    placeholder, a view or a getitem. The step's timeline for hiding offload copies
+    (``remat.planning.offload``)."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return 0.0
+    name = str(node.target)
+    out = node.meta.get("val")
+    if not isinstance(out, (torch.Tensor, tuple, list)):
+        return 0.0
+    ins = [a.meta.get("val") for a in node.all_input_nodes]
+    bytes_in = sum(nbytes(v) for v in ins)
+    bytes_out = sum(nbytes(v) for v in out) if isinstance(out, (tuple, list)) else nbytes(out)
+    heavy = any(k in name for k in ("mm", "convolution", "attention"))
+    rate = dev.matmul_flops if heavy else dev.vector_flops
+    return max(flops(name, out, ins) / rate, (bytes_in + bytes_out) / dev.bandwidth)
 
 
 def _work(op: OpInfo) -> Work:

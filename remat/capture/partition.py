@@ -28,6 +28,7 @@ from ..plan import Plan, Role
 from ..plan_data import PlanKey
 from ..planning.choice import FIRST, Attempt
 from ..planning.planner import plan_joint_graph, plan_of_saved
+from .offload_pass import Move, insert_offload
 
 __all__ = ["make_partition_fn", "make_stock_partition_fn", "place_recompute", "STOCK"]
 
@@ -84,6 +85,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
                                             compat.ordered_set(n for n in joint.graph.nodes
                                                                if n in static_nodes))
             place_recompute(bw, {n.name for n in jg.nodes if n.op == "call_function"})
+            insert_offload(fw, bw, num_fwd_outputs, [Move(o.name, o.reload_before) for o in plan.offloaded])
             backend.annotate(fw, bw)
         except RematError:
             raise

@@ -84,7 +84,7 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options: Any, tunin
               if isinstance(t, torch.Tensor) else repr(t) for t in example_inputs]
     opts = (f"backend={options.backend} budget={options.budget} "
             f"policy={[r.name for r in options.policy]} frontier={tuning.frontier} "
-            f"tolerance={tuning.tolerance} compile_candidate={tuning.compile_candidate}")
+            f"tolerance={tuning.tolerance} compile_candidate={tuning.compile_candidate} offload={options.offload}")
     return decision_key(gm.code + repr(inputs), _device(example_inputs)[1], torch.__version__, opts)
 
 

@@ -31,14 +31,14 @@ reused; ops only the backward needs are computed in the forward right after thei
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from .reach import reachable
 
 __all__ = ["Schedule", "PeakResult", "Step", "StepModel", "OpByOp", "OP_BY_OP", "simulate", "floor_bytes",
-           "backward_order", "lazy_order", "ancestors"]
+           "backward_order", "lazy_order", "ancestors", "op_order"]
 
 T = TypeVar("T")
 
@@ -133,20 +133,57 @@ def backward_order(s: Schedule, saved: set[int]) -> list[int]:
     return lazy_order(anchors, lambda v: s.inputs[v], lambda u: u not in available)
 
 
-def simulate(s: Schedule, saved: set[int]) -> PeakResult:
-    """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
-    (``s.model`` is ``OP_BY_OP``, the uncompiled backend) or kernel by kernel as Inductor lowers the
-    two graphs (``remat.backends.inductor``)."""
+def op_order(s: Schedule, saved: set[int]) -> tuple[list[int], list[int]]:
+    """The forward's ops and the backward's ops (tangents aside) in the order the step runs them."""
     pre = set(s.graph_input)
     fwd = sorted(ancestors(s, set(s.fwd_outputs) | set(saved), pre | set(s.tangent)) - pre)
-    bwd = backward_order(s, saved)
+    return fwd, backward_order(s, saved)
+
+
+def simulate(s: Schedule, saved: set[int], offload: Mapping[int, tuple[int, int]] | None = None) -> PeakResult:
+    """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
+    (``s.model`` is ``OP_BY_OP``, the uncompiled backend) or kernel by kernel as Inductor lowers the
+    two graphs (``remat.backends.inductor``).
+
+    ``offload``: saved values kept in host memory between the halves, each with (the op after
+    which its device copy is freed, the op at which its copy back is allocated), as positions in
+    ``op_order``'s forward then backward ops (Note [Offload timeline] in ``remat.core.offload``);
+    op by op only."""
+    fwd, bwd = op_order(s, saved)
     steps, boundary, nbytes, storage = (s.model or OP_BY_OP).steps(s, set(saved), fwd, bwd)
     keep = s.caller_keeps_outputs
     pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
     pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
     # saved values (and outputs the caller drops) live at least to the boundary
     pin_boundary = {storage(v, 0) for v in (*saved, *(() if keep else s.fwd_outputs))}
+    if offload:
+        if (s.model or OP_BY_OP) is not OP_BY_OP or s.kernel:
+            raise ValueError("remat: internal error, offload is simulated op by op only; please report")
+        steps = _offloaded(steps, offload, len(fwd), len(s.tangent), nbytes)
+        pin_boundary -= {(v, 0) for v in offload}
     return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
+
+
+def _offloaded(steps: list[Step], offload: Mapping[int, tuple[int, int]], n_fwd: int, n_tangents: int,
+               nbytes: dict[_Key, int]) -> list[Step]:
+    """``steps`` with each offloaded value's device copy read (kept) up to the op its copy out
+    ends in, and a new storage for its copy back, allocated at the op its copy in starts and
+    read by the backward in its place."""
+    def at(p: int) -> int:  # a position among the ops -> the step index (tangents come between)
+        return p if p < n_fwd else p + n_tangents
+
+    steps = list(steps)
+    for v, (freed_after, reloaded_at) in offload.items():
+        out, back = (v, 0), (v, 2)
+        nbytes[back] = nbytes.get(out, 0)
+        for t in range(n_fwd + n_tangents, len(steps)):
+            if out in steps[t].reads:
+                steps[t] = replace(steps[t], reads=(steps[t].reads - {out}) | {back})
+        k = at(freed_after)
+        steps[k] = replace(steps[k], reads=steps[k].reads | {out})
+        k = at(reloaded_at)
+        steps[k] = replace(steps[k], allocs=(*steps[k].allocs, back))
+    return steps
 
 
 def floor_bytes(s: Schedule) -> int:

@@ -33,6 +33,7 @@ from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
 from .choice import FIRST, Attempt, above_eager, default_first, within_budget
 from .decisions import Decisions, decisions
+from .offload import with_offload
 
 __all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
 
@@ -140,7 +141,8 @@ def plan_joint_graph(
     plan = build_plan(jg, sol.saved, sol.recomputed, decided, eager)
     fast = options.budget is None and not want_frontier and pick is None
     if fast and not above_eager(plan.predicted_peak_bytes, eager.peak_bytes):
-        return Planned(jg, list(sol.saved), plan)  # no candidate keeping the rules beats it (Note [The default ...])
+        # no candidate keeping the rules beats it (Note [The default at most eager's peak])
+        return _offloading(Planned(jg, list(sol.saved), plan), options, dev)
 
     def reanalyze(nested: fx.GraphModule) -> JointGraph:  # a nested plan's rewrite, analysed as gm was
         return analyze(nested, num_fwd_outputs, static_input_indices, options.device_model, backend,
@@ -159,8 +161,16 @@ def plan_joint_graph(
     else:
         chosen = within_budget(found, options.budget, eager, attempt)
     chosen_jg = chosen.jg or jg
-    return Planned(chosen_jg, list(chosen.saved), chosen.plan, frontier,
-                   gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)
+    return _offloading(Planned(chosen_jg, list(chosen.saved), chosen.plan, frontier,
+                               gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None), options, dev)
+
+
+def _offloading(planned: Planned, options: Options, dev: DeviceModel) -> Planned:
+    """``planned`` with the saved values ``options.offload`` moves to host memory (Note [Offload in
+    a plan] in ``remat.planning.offload``)."""
+    if not options.offload:
+        return planned
+    return replace(planned, plan=with_offload(planned.jg, planned.saved_ids, planned.plan, options.offload, dev))
 
 
 def plan_of_saved(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[int], options: Options,

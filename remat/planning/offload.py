@@ -1,0 +1,155 @@
+"""Offload as a plan's third choice (``offload=``): which saved values go to host memory between
+the forward and the backward, when their copies run, and the step's peak with them.
+
+Note [Offload in a plan]
+A saved value can move when it owns its storage (not a view, not a graph input), is not a
+forward output (the caller holds those anyway), no other saved value is a view of it, and the
+backward reads it. Its copy out may start when the last forward op reading its storage ends;
+its copy back must end before the first backward op reading it starts. The step's timeline is
+the plan's own op order (``remat.core.peak.op_order``), each op estimated as a kernel of its own
+(``remat.analysis.cost.run_seconds``: the uncompiled backend runs them so), and the copies are
+timed on it by ``remat.core.offload`` (Note [Offload timeline]) over the host link
+(``host_link``: measured once per CUDA device). ``"auto"`` keeps the values whose copies the
+step hides (``offload.hidden``); ``"all"`` every value that can move (``offload.schedule``, its
+stall in the plan). The partitioned backward can only issue a copy back once it runs, so a
+copy back the timeline starts in the forward's tail starts at the backward's first op: under
+``"auto"`` such a value is not offloaded, under ``"all"`` it is, and the stall is re-timed.
+The plan's peak is simulated with each offloaded value's device copy freed when its copy out
+ends and allocated again when its copy back starts (``peak.simulate``'s ``offload``).
+
+This is applied to the plan the budget or the default chose; a budget does not yet weigh
+offload against recompute (issue 28).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from ..analysis import cost
+from ..analysis.joint_graph import JointGraph
+from ..core import offload as timeline
+from ..core.peak import op_order, simulate
+from ..device import DeviceModel
+from ..plan import Plan
+from ..plan_data import Offloaded
+
+__all__ = ["host_link", "with_offload"]
+
+_LINKS: dict[str, timeline.Link] = {}
+
+
+def host_link(device: torch.device) -> timeline.Link | None:
+    """The pinned host link of a CUDA ``device``, measured once per device name (a 64 MiB copy
+    each way, the best of three); None for a CPU, whose memory is the host's."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if name not in _LINKS:
+        n = 64 << 20
+        dev = torch.empty(n, dtype=torch.uint8, device=device)
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        rates = []
+        for dst, src in ((host, dev), (dev, host)):
+            best = float("inf")
+            for _ in range(3):
+                torch.cuda.synchronize(device)
+                t = time.perf_counter()
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize(device)
+                best = min(best, time.perf_counter() - t)
+            rates.append(n / best)
+        _LINKS[name] = timeline.Link(d2h=rates[0], h2d=rates[1])
+    return _LINKS[name]
+
+
+def _device(jg: JointGraph) -> torch.device:
+    for n in jg.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+def _candidates(jg: JointGraph, saved: set[int], fwd: list[int], bwd: list[int]) -> list[timeline.OffloadCandidate]:
+    s = jg.schedule
+    fpos = {v: k for k, v in enumerate(fwd)}
+    bpos = {v: len(fwd) + k for k, v in enumerate(bwd)}
+    out_roots = {s.root[v] for v in s.fwd_outputs}
+    viewed = {s.root[u] for u in saved if s.root[u] != u}
+    found = []
+    for v in sorted(saved):
+        if s.root[v] != v or not s.nbytes[v] or v in s.graph_input or v in out_roots or v in viewed or v not in fpos:
+            continue
+        reads_storage = [w for w in fwd if any(s.root[u] == v for u in s.inputs[w])]
+        ready = max([fpos[v], *(fpos[w] for w in reads_storage)])
+        needed = [bpos[w] for w in bwd if v in s.inputs[w]]
+        if needed:
+            found.append(timeline.OffloadCandidate(v, s.nbytes[v], ready, min(needed)))
+    return found
+
+
+def _timed(mode: str, cands: list[timeline.OffloadCandidate], seconds: list[float], boundary: int,
+           link: timeline.Link) -> timeline.OffloadSchedule:
+    """The offload schedule of ``mode`` whose copies back all start in the backward (Note
+    [Offload in a plan])."""
+    if mode == "all":
+        return timeline.schedule(cands, seconds, boundary, link)
+    chosen = timeline.hidden(cands, seconds, boundary, link)
+    while any(e.reloaded_at < boundary for e in chosen.entries):
+        keep = {e.node for e in chosen.entries if e.reloaded_at >= boundary}
+        chosen = timeline.hidden([c for c in cands if c.node in keep], seconds, boundary, link)
+    return chosen
+
+
+def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, dev: DeviceModel) -> Plan:
+    """``plan`` with the saved values ``mode`` offloads (Note [Offload in a plan]): its
+    ``offloaded``, its peak simulated with them, and a note when nothing moves."""
+    s = jg.schedule
+    saved = jg.to_schedule_ids(saved_ids)
+    device = _device(jg)
+    link = host_link(device)
+    if link is None and mode == "auto":
+        return replace(plan, notes=(*plan.notes, "offload='auto': nothing offloaded, the device is the host (CPU)"))
+    link = link or timeline.Link(d2h=dev.bandwidth, h2d=dev.bandwidth)  # the host path where the device is the host
+    fwd, bwd = op_order(s, saved)
+    cands = _candidates(jg, saved, fwd, bwd)
+    if not cands:
+        return replace(plan, notes=(*plan.notes, f"offload={mode!r}: no saved value can move (Note [Offload in a plan])"))
+    graph_nodes = [n for n in jg.nodes[0].graph.nodes if n.op != "output"]
+    order = fwd + bwd
+    seconds = [cost.run_seconds(graph_nodes[v], dev) if s.root[v] == v else 0.0 for v in order]
+    chosen = _timed(mode, cands, seconds, len(fwd), link)
+    if mode == "all" and any(e.reloaded_at < len(fwd) for e in chosen.entries):
+        chosen = _started_in_backward(chosen, seconds, len(fwd), link)
+    if not chosen.entries:
+        return replace(plan, notes=(*plan.notes, f"offload={mode!r}: no copy is hidden behind the step's compute "
+                                                 "(estimated), nothing offloaded"))
+    moves = {e.node: (e.freed_after, max(e.reloaded_at, len(fwd))) for e in chosen.entries}
+    peak = simulate(s, saved, moves).peak_bytes
+    offloaded = tuple(Offloaded(s.names[e.node], e.nbytes, (e.out_start, e.out_end), (e.in_start, e.in_end),
+                                e.stall, reload_before=s.names[order[moves[e.node][1]]]) for e in chosen.entries)
+    return replace(plan, offloaded=offloaded, predicted_peak_bytes=peak, simulated_peak_bytes=peak)
+
+
+def _started_in_backward(chosen: timeline.OffloadSchedule, seconds: list[float], boundary: int,
+                         link: timeline.Link) -> timeline.OffloadSchedule:
+    """``chosen`` with every copy back that starts in the forward started at the backward's first
+    op instead, and its stall re-timed (serial copies back from there)."""
+    start = [sum(seconds[:k]) for k in range(len(seconds) + 1)]
+    entries, free = [], start[boundary]
+    for e in sorted(chosen.entries, key=lambda e: e.in_start):
+        if e.reloaded_at >= boundary and e.in_start >= free:
+            entries.append(e)
+            free = e.in_end
+            continue
+        s0 = max(start[boundary], free, e.out_end)
+        end = s0 + e.nbytes / link.h2d
+        due = e.in_end - e.stall  # when its first backward op starts
+        entries.append(replace(e, in_start=s0, in_end=end, reloaded_at=max(e.reloaded_at, boundary),
+                               stall=max(0.0, end - due)))
+        free = end
+    return replace(chosen, entries=tuple(sorted(entries, key=lambda e: (e.out_start, e.node))),
+                   stall_seconds=sum(e.stall for e in entries))

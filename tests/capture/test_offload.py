@@ -1,0 +1,162 @@
+"""Offload through capture on the uncompiled backend (``offload=``, Note [Offload copies]): the
+saved values the plan moves go to host memory after their last forward use and come back before
+their first backward use; gradients equal eager autograd's; host copies are freed with the step."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat.capture import offload_pass, partition
+
+
+def _mlp(depth=4, width=256):
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())])
+
+
+class Block(nn.Module):
+    """Attention-free transformer-style block: layer norm, a residual MLP with GELU."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+def _grads_match(m, ref, step):
+    step(m)
+    step(ref)
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """The partitioned forward and backward of each graph, as the offload pass left them."""
+    seen = []
+
+    def recording(fw, bw, n, moves):
+        offload_pass.insert_offload(fw, bw, n, moves)
+        seen.append((fw, bw, list(moves)))
+
+    monkeypatch.setattr(partition, "insert_offload", recording)
+    return seen
+
+
+@pytest.mark.parametrize("model", ["mlp", "blocks"])
+def test_offload_all_computes_eagers_gradients_and_moves_every_movable_saved_value(model, graphs):
+    torch._dynamo.reset()
+    if model == "mlp":
+        base, x = _mlp(), torch.randn(512, 256)
+    else:
+        torch.manual_seed(0)
+        base, x = nn.Sequential(Block(), Block()), torch.randn(4, 32, 64)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all")
+    _grads_match(m, copy.deepcopy(base), lambda mod: mod(x).square().mean().backward())
+    (plan,) = remat.compiled_plans(m)
+    (fw, bw, moves) = graphs[-1]
+    assert plan.offloaded and [mv.name for mv in moves] == [o.name for o in plan.offloaded]
+    saved = {s.name: s.nbytes for s in plan.saved}
+    assert plan.host_bytes == sum(saved[o.name] for o in plan.offloaded) > 0
+    fw_nodes, bw_nodes = list(fw.graph.nodes), list(bw.graph.nodes)
+    out = fw_nodes[-1]
+    for o in plan.offloaded:
+        # the forward: the copy out right after the value's last forward use, returned in its place
+        value = next(n for n in fw_nodes if n.name == o.name)
+        (host,) = [u for u in value.users if u.target is offload_pass.to_host]
+        assert host in out.args[0] and value not in out.args[0]
+        users = [u for u in value.users if u is not host]
+        assert fw_nodes.index(host) == max(fw_nodes.index(u) for u in users) + 1 if users else True
+        # the backward: copy back, then wait just before the first reader; nothing reads the host copy else
+        ph = next(n for n in bw_nodes if n.name == o.name)
+        (back,) = ph.users
+        assert back.target is offload_pass.to_device
+        (wait,) = back.users
+        assert wait.target is offload_pass.ready
+        first = min(bw_nodes.index(u) for u in wait.users)
+        assert bw_nodes.index(back) < bw_nodes.index(wait) == first - 1
+        assert o.reload_before and bw_nodes.index(back) <= first
+    # the model's peak with the copies is below the same plan's without
+    torch._dynamo.reset()
+    plain = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    assert plan.saved == plain.saved
+    assert plan.predicted_peak_bytes < plain.predicted_peak_bytes
+    assert "offloaded to host memory: " + ", ".join(o.name for o in plan.offloaded) in str(plan)
+
+
+def test_host_copies_live_between_the_halves_and_are_freed_with_the_step(monkeypatch):
+    torch._dynamo.reset()
+    made = []
+    real = offload_pass.to_host
+
+    def to_host(x):
+        h = real(x)
+        made.append(weakref.ref(h))
+        return h
+
+    monkeypatch.setattr(offload_pass, "to_host", to_host)
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all")
+    loss = m(x).square().mean()
+    gc.collect()
+    assert made and all(r() is not None for r in made)  # held by autograd for the backward
+    loss.backward()
+    del loss
+    gc.collect()
+    assert all(r() is None for r in made)
+
+
+def test_offload_auto_on_cpu_moves_nothing_and_says_why():
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto")
+    _grads_match(m, copy.deepcopy(base), lambda mod: mod(x).square().mean().backward())
+    (plan,) = remat.compiled_plans(m)
+    assert plan.offloaded == () and plan.host_bytes == 0
+    assert "offload='auto': nothing offloaded, the device is the host (CPU)" in plan.notes
+
+
+def test_offload_options_are_checked():
+    with pytest.raises(remat.RematError, match=r"^remat: offload must be one of \(False, 'auto', 'all'\), got 'yes'"):
+        remat.checkpoint(_mlp(), backend="eager", offload="yes")
+    with pytest.raises(remat.RematError, match=r"^remat: offload='auto' runs with backend='eager' only so far"):
+        remat.checkpoint(_mlp(), offload="auto")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
+    torch._dynamo.reset()
+    base, x = _mlp(depth=8, width=2048).cuda(), torch.randn(8192, 2048, device="cuda")
+
+    def step(mod):
+        for p in mod.parameters():
+            p.grad = None
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        mod(x).square().mean().backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    ref = copy.deepcopy(base)
+    plain = remat.checkpoint(copy.deepcopy(base), backend="eager", tune=False)
+    moved = remat.checkpoint(copy.deepcopy(base), backend="eager", tune=False, offload=mode)
+    for _ in range(2):  # the first step compiles
+        peaks = [step(m) for m in (ref, plain, moved)]
+    for (k, p), q in zip(moved.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    (plan,) = remat.compiled_plans(moved)
+    assert plan.offloaded
+    if mode == "auto":
+        assert plan.offload_stall_seconds == 0.0  # only what the step hides
+    assert peaks[2] < peaks[1], peaks
