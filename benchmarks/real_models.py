@@ -232,10 +232,10 @@ def plan_fields(fn: Callable) -> dict:
         return {"graphs": 0}
     row = {
         "graphs": len(plans),
-        "predicted_peak_mib": compose(plans, "predicted_peak_bytes", "saved_bytes") / MiB,
+        "predicted_peak_mib": compose(plans, "predicted_peak_bytes", "device_saved_bytes") / MiB,
         "predicted_eager_peak_mib": compose(plans, "eager_peak_bytes", "eager_saved_bytes") / MiB,
         # the simulator's prediction, and the peak read from Inductor's memory plan (0: not read)
-        "simulated_peak_mib": compose(plans, "simulated_peak_bytes", "saved_bytes") / MiB,
+        "simulated_peak_mib": compose(plans, "simulated_peak_bytes", "device_saved_bytes") / MiB,
         "read_peak_mib": (compose(plans, "compiled_peak_bytes", "saved_bytes") / MiB
                           if all(p.compiled_peak_bytes for p in plans) else None),
         "peak_model": sorted({p.peak_model for p in plans}),

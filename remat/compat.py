@@ -106,6 +106,19 @@ def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     return fn(joint, joint_inputs, **kwargs)
 
 
+def real_tensors() -> Any:
+    """A context in which tensors are real although a fake mode is active (the partition function
+    runs under AOTAutograd's): ``unset_fake_temporarily`` (``versions.HOOKS["real_tensors"]``)."""
+    import contextlib
+
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    except ImportError:
+        drift("real_tensors", "torch._subclasses.fake_tensor.unset_fake_temporarily")
+        return contextlib.nullcontext()
+    return unset_fake_temporarily()
+
+
 def no_autograd_cache() -> Any:
     """Turn off the AOTAutograd cache (its key ignores the partitioner):
     ``versions.HOOKS["autograd_cache_off"]``."""

@@ -160,3 +160,25 @@ def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
     if mode == "auto":
         assert plan.offload_stall_seconds == 0.0  # only what the step hides
     assert peaks[2] < peaks[1], peaks
+
+
+def test_offload_all_over_a_link_too_slow_to_hide_reports_the_stall(monkeypatch):
+    # A 1 kB/s link: no copy out ends within the step; "all" still moves every movable value (the
+    # runtime copies are real), the plan's stall says what it costs, and nothing falls back.
+    from remat.core.offload import Link
+    from remat.planning import offload as planning_offload
+
+    monkeypatch.setattr(planning_offload, "host_link", lambda device: Link(d2h=1e3, h2d=1e3))
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all", strict=True)
+    _grads_match(m, copy.deepcopy(base), lambda mod: mod(x).square().mean().backward())
+    (plan,) = remat.compiled_plans(m)
+    assert plan.fallback is None and len(plan.offloaded) == 3
+    assert plan.offload_stall_seconds > 1000  # 1.5 MiB each way at 1 kB/s
+    assert "estimated to stall the backward" in str(plan)
+    auto = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto", strict=True)
+    torch._dynamo.reset()
+    auto(x).square().mean().backward()
+    (plan,) = remat.compiled_plans(auto)
+    assert plan.offloaded == () and any("no copy is hidden" in n for n in plan.notes)
