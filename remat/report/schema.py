@@ -30,6 +30,10 @@ incompatible change). Top-level keys:
                  through (``remat.core.segments``); empty for min-cut plans.
 ``nested``       list of str: a nested plan's inner checkpoints, recomputed from
                  ``checkpoints`` (``remat.planning.nesting``); empty for other plans.
+``offloaded``    list of the saved values kept in host memory between the halves (``offload=``):
+                 ``name``, ``bytes``, ``copy_out`` and ``copy_in`` (estimated [start, end]
+                 seconds from the step's start), ``stall_seconds``, ``reload_before`` (the
+                 backward op the copy back is issued before); empty without offload.
 ``budget_bytes`` int or null: the peak budget the plan was chosen under.
 ``notes``        list of str.
 ``compiled_for`` str: the inputs the graph was compiled for (``Plan.compiled_for``); empty
@@ -83,6 +87,10 @@ SCHEMA: dict[str, Any] = {
             "reasons": {"type": "object", "additionalProperties": _INT}, "depth": _INT})},
         "checkpoints": {"type": "array", "items": _STR},
         "nested": {"type": "array", "items": _STR},
+        "offloaded": {"type": "array", "items": _obj({
+            "name": _STR, "bytes": _INT, "copy_out": {"type": "array", "items": {"type": "number"}},
+            "copy_in": {"type": "array", "items": {"type": "number"}}, "stall_seconds": {"type": "number"},
+            "reload_before": _STR})},
         "budget_bytes": {"type": ["integer", "null"]},
         "notes": {"type": "array", "items": _STR},
         "compiled_for": _STR,
@@ -116,6 +124,8 @@ def to_dict(plan: PlanData, *, nodes: bool = True) -> dict[str, Any]:
                      "reasons": dict(r.reasons), "depth": r.depth} for r in module_rows(plan)],
         "checkpoints": list(plan.checkpoints),
         "nested": list(plan.nested),
+        "offloaded": [{"name": o.name, "bytes": o.nbytes, "copy_out": list(o.copy_out), "copy_in": list(o.copy_in),
+                       "stall_seconds": o.stall_seconds, "reload_before": o.reload_before} for o in plan.offloaded],
         "budget_bytes": plan.budget_bytes,
         "notes": list(plan.notes),
         "compiled_for": plan.compiled_for,

@@ -191,3 +191,26 @@ def test_offload_all_over_a_link_too_slow_to_hide_reports_the_stall(monkeypatch)
     auto(x).square().mean().backward()
     (plan,) = remat.compiled_plans(auto)
     assert plan.offloaded == () and any("no copy is hidden" in n for n in plan.notes)
+
+
+def test_offloaded_values_are_in_the_json_and_the_html_report():
+    import json
+
+    import jsonschema
+
+    from remat.report.html import render_html
+    from remat.report.schema import SCHEMA
+
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    plan = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all"), x)
+    doc = json.loads(plan.to_json())
+    jsonschema.validate(doc, SCHEMA)
+    assert [o["name"] for o in doc["offloaded"]] == [o.name for o in plan.offloaded] and len(plan.offloaded) == 3
+    assert [o["bytes"] for o in doc["offloaded"]] == [512 * 256 * 4] * 3
+    assert all(o["copy_out"][0] < o["copy_out"][1] <= o["copy_in"][0] < o["copy_in"][1] for o in doc["offloaded"])
+    html = render_html(plan)
+    assert '<h2 id="offloaded">Offloaded to host memory</h2>' in html and "1.50 MiB in host memory" in html
+    # explain left the model unchanged and a plan without offload has none of it
+    plain = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    assert json.loads(plain.to_json())["offloaded"] == [] and "Offloaded to host" not in render_html(plain)
