@@ -25,7 +25,7 @@ the block is reserved, not allocated. The predicted peak is the protocol's; the 
 (``Offloaded.copy_out``) says how long the block stays reserved. Measured on the H200 (HF Llama,
 uncompiled backend, ``"all"``): predicted 9,519 MiB freeing at the copy's end, measured
 7,386 MiB; freeing at the copy's issue, predicted 7,384 MiB, measured 7,384 MiB
-(``benchmarks/results/h200-torch2.11.0/offload-h200.md``).
+(``benchmarks/README.md``, section Offload).
 
 This is applied to the plan the budget or the default chose; a budget does not yet weigh
 offload against recompute (issue 28).
