@@ -27,8 +27,10 @@ uncompiled backend, ``"all"``): predicted 9,519 MiB freeing at the copy's end, m
 7,386 MiB; freeing at the copy's issue, predicted 7,384 MiB, measured 7,384 MiB
 (``benchmarks/README.md``, section Offload).
 
-This is applied to the plan the budget or the default chose; a budget does not yet weigh
-offload against recompute (issue 28).
+Without a budget it is applied to the default plan. Under a budget (or for ``pareto``) every
+candidate carries its offloads (``offloading_candidates``), so the budget takes the fastest plan
+whose peak with them fits: offload weighed against recompute at the grain of candidates (what
+each candidate saves is offloaded as ``mode`` says), not value by value.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from ..core.peak import op_order, simulate
 from ..device import DeviceModel
 from ..plan import Plan
 from ..plan_data import Offloaded
+from .candidates import Candidate
 
-__all__ = ["host_link", "with_offload"]
+__all__ = ["host_link", "with_offload", "offloading_candidates"]
 
 _LINKS: dict[str, timeline.Link] = {}
 
@@ -128,10 +131,10 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
     s = jg.schedule
     saved = jg.to_schedule_ids(saved_ids)
     device = _device(jg)
-    link = host_link(device)
-    if link is None and mode == "auto":
+    measured = host_link(device)
+    if measured is None and mode == "auto":
         return replace(plan, notes=(*plan.notes, "offload='auto': nothing offloaded, the device is the host (CPU)"))
-    link = link or timeline.Link(d2h=dev.bandwidth, h2d=dev.bandwidth)  # the host path where the device is the host
+    link = measured or timeline.Link(d2h=dev.bandwidth, h2d=dev.bandwidth)  # the host path where the device is the host
     fwd, bwd = op_order(s, saved)
     cands = _candidates(jg, saved, fwd, bwd)
     if not cands:
@@ -148,14 +151,24 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
     ready = {c.node: c.ready for c in cands}
     # Note [Offload and allocated bytes]: the device copy is dropped when the copy out is issued
     moves = {e.node: (ready[e.node], max(e.reloaded_at, len(fwd))) for e in chosen.entries}
-    peak = simulate(s, saved, moves).peak_bytes
+    # where the device is the host, a host copy takes the memory its device copy gave back
+    peak = simulate(s, saved, moves).peak_bytes if measured is not None else plan.predicted_peak_bytes
     offloaded = tuple(Offloaded(s.names[e.node], e.nbytes, (e.out_start, e.out_end), (e.in_start, e.in_end),
                                 e.stall, reload_before=s.names[order[moves[e.node][1]]]) for e in chosen.entries)
     note = (f"offload={mode!r}: {len(offloaded)} of {len(cands)} movable saved values, timed on the step's estimated "
             f"{sum(seconds[:len(fwd)]) * 1e3:.3f} ms forward and {sum(seconds[len(fwd):]) * 1e3:.3f} ms backward over a "
-            f"{link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)")
+            f"{link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)"
+            + ("" if measured is not None else "; the device is the host (CPU): the copies save no memory, the peak is "
+               "the plan's without them"))
     return replace(plan, offloaded=offloaded, predicted_peak_bytes=peak, simulated_peak_bytes=peak,
                    notes=(*plan.notes, note))
+
+
+def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev: DeviceModel) -> list[Candidate]:
+    """Every candidate with what ``mode`` offloads of its saved values, so that a budget chooses
+    among save, recompute and offload at once: the fastest plan (time cost with the copies'
+    stall) whose peak with its offloads fits."""
+    return [replace(c, plan=with_offload(c.jg or jg, list(c.saved), c.plan, mode, dev)) for c in found]
 
 
 def _started_in_backward(chosen: timeline.OffloadSchedule, seconds: list[float], boundary: int,

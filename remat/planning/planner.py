@@ -33,7 +33,7 @@ from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
 from .choice import FIRST, Attempt, above_eager, default_first, within_budget
 from .decisions import Decisions, decisions
-from .offload import with_offload
+from .offload import offloading_candidates, with_offload
 
 __all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
 
@@ -152,6 +152,8 @@ def plan_joint_graph(
                        options, backend, eager)
     found = default_first([_noting_rules(c, decided, jg) for c in found],
                           eager.peak_bytes)  # Note [The default at most eager's peak]
+    if options.offload:  # Note [Offload in a plan]
+        found = offloading_candidates(found, jg, options.offload, dev)
     frontier = tuple(non_dominated([c.plan for c in found]))
     picked = next((c for c in found if c.plan.key == pick), None) if pick is not None else None
     if picked is not None:
@@ -161,8 +163,8 @@ def plan_joint_graph(
     else:
         chosen = within_budget(found, options.budget, eager, attempt)
     chosen_jg = chosen.jg or jg
-    return _offloading(Planned(chosen_jg, list(chosen.saved), chosen.plan, frontier,
-                               gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None), options, dev)
+    return Planned(chosen_jg, list(chosen.saved), chosen.plan, frontier,
+                   gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)
 
 
 def _offloading(planned: Planned, options: Options, dev: DeviceModel) -> Planned:

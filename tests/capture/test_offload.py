@@ -86,11 +86,12 @@ def test_offload_all_computes_eagers_gradients_and_moves_every_movable_saved_val
         first = min(bw_nodes.index(u) for u in wait.users)
         assert bw_nodes.index(back) < bw_nodes.index(wait) == first - 1
         assert o.reload_before and bw_nodes.index(back) <= first
-    # the model's peak with the copies is below the same plan's without
+    # on CPU the device is the host: the copies save nothing and the peak is the plan's without them
     torch._dynamo.reset()
     plain = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
     assert plan.saved == plain.saved
-    assert plan.predicted_peak_bytes < plain.predicted_peak_bytes
+    assert plan.predicted_peak_bytes == plain.predicted_peak_bytes
+    assert any("the copies save no memory" in n for n in plan.notes)
     assert "offloaded to host memory: " + ", ".join(o.name for o in plan.offloaded) in str(plan)
 
 
@@ -214,3 +215,40 @@ def test_offloaded_values_are_in_the_json_and_the_html_report():
     # explain left the model unchanged and a plan without offload has none of it
     plain = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
     assert json.loads(plain.to_json())["offloaded"] == [] and "Offloaded to host" not in render_html(plain)
+
+
+@pytest.fixture
+def gpu_like_link(monkeypatch):
+    """A host link as a GPU has one (the peak model then takes offloaded values off the device)."""
+    from remat.core.offload import Link
+    from remat.planning import offload as planning_offload
+
+    monkeypatch.setattr(planning_offload, "host_link", lambda device: Link(d2h=5e10, h2d=5e10))
+
+
+def test_with_a_host_link_offloaded_values_leave_the_predicted_peak(gpu_like_link):
+    # The MLP's default plan saves the input and tanh, tanh_1, tanh_2, tanh_3 (512 KiB each; tanh_3 is
+    # the output). Offloading the three movable ones takes them off the device between their copies:
+    # the predicted peak falls by their 1.50 MiB, less what the copies back hold when the backward peaks.
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    plain = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    moved = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all"), x)
+    assert [o.name for o in moved.offloaded] == ["tanh", "tanh_1", "tanh_2"]
+    assert moved.predicted_peak_bytes < plain.predicted_peak_bytes
+    assert plain.predicted_peak_bytes - moved.predicted_peak_bytes <= moved.host_bytes
+
+
+def test_a_budget_below_every_recompute_plan_takes_an_offloading_plan(gpu_like_link):
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    f = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    smallest = min(p.predicted_peak_bytes for p in f.points)
+    with pytest.raises(remat.InfeasibleBudgetError):
+        remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", budget=smallest - 1), x)
+    torch._dynamo.reset()
+    plan = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all", budget=smallest - 1), x)
+    assert plan.offloaded and plan.predicted_peak_bytes <= smallest - 1 == plan.budget_bytes
+    # the offloaded plans are on pareto's frontier too
+    g = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all"), x)
+    assert min(p.predicted_peak_bytes for p in g.points) < smallest and any(p.offloaded for p in g.points)
