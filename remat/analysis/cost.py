@@ -126,11 +126,19 @@ def recompute_seconds(kind: Work, n_flops: int, bytes_in: int, bytes_out: int, d
     return max(n_flops / dev.matmul_flops, (bytes_in + bytes_out) / dev.bandwidth)
 
 
+def _io(node: fx.Node) -> tuple[list[object], int, int]:
+    """``node``'s input values, the bytes it reads and the bytes it writes."""
+    ins = [a.meta.get("val") for a in node.all_input_nodes]
+    out = node.meta.get("val")
+    bytes_out = sum(nbytes(v) for v in out) if isinstance(out, (tuple, list)) else nbytes(out)
+    return ins, sum(nbytes(v) for v in ins), bytes_out
+
+
 def run_seconds(node: fx.Node, dev: DeviceModel) -> float:
     """Roofline time of running ``node`` as its own kernel (the uncompiled backend runs every op
     so): its FLOPs at the matmul rate for a matmul, convolution or attention and at the vector
     rate otherwise, or reading its inputs and writing its output, whichever is longer; 0 for a
-    placeholder, a view or a getitem. The step's timeline for hiding offload copies
+    placeholder or a getitem (views, which own no storage, are zeroed by the caller). The step's timeline for hiding offload copies
     (``remat.planning.offload``)."""
     if node.op != "call_function" or node.target is operator.getitem:
         return 0.0
@@ -138,9 +146,7 @@ def run_seconds(node: fx.Node, dev: DeviceModel) -> float:
     out = node.meta.get("val")
     if not isinstance(out, (torch.Tensor, tuple, list)):
         return 0.0
-    ins = [a.meta.get("val") for a in node.all_input_nodes]
-    bytes_in = sum(nbytes(v) for v in ins)
-    bytes_out = sum(nbytes(v) for v in out) if isinstance(out, (tuple, list)) else nbytes(out)
+    ins, bytes_in, bytes_out = _io(node)
     heavy = any(k in name for k in ("mm", "convolution", "attention"))
     rate = dev.matmul_flops if heavy else dev.vector_flops
     return max(flops(name, out, ins) / rate, (bytes_in + bytes_out) / dev.bandwidth)
@@ -157,11 +163,9 @@ def _work(op: OpInfo) -> Work:
 def recompute_estimate(node: fx.Node, op: OpInfo, dev: DeviceModel) -> tuple[int, float]:
     """``(flops, seconds)`` to recompute the forward op ``node`` (described by ``op``) in a fused
     backward kernel; a view's flops count 0."""
-    ins = [a.meta.get("val") for a in node.all_input_nodes]
+    ins, bytes_in, bytes_out = _io(node)
     out = node.meta.get("val")
     kind = _work(op)
     causal = op.is_attention and bool(schema_arg(node, "is_causal", False))
     f = 0 if kind is Work.VIEW else flops(op.op, out, ins, causal=causal)
-    bytes_in = sum(nbytes(v) for v in ins)
-    bytes_out = sum(nbytes(v) for v in out) if isinstance(out, (tuple, list)) else nbytes(out)
     return int(f), recompute_seconds(kind, f, bytes_in, bytes_out, dev)

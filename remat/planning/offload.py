@@ -51,7 +51,7 @@ from ..plan import Plan
 from ..plan_data import Offloaded
 from .candidates import Candidate
 
-__all__ = ["host_link", "with_offload", "offloading_candidates"]
+__all__ = ["host_link", "with_offload", "offloading_candidates", "node_seconds"]
 
 _LINKS: dict[str, timeline.Link] = {}
 
@@ -95,21 +95,24 @@ def _device(jg: JointGraph) -> torch.device:
 
 
 def _candidates(jg: JointGraph, saved: set[int], fwd: list[int], bwd: list[int]) -> list[timeline.OffloadCandidate]:
+    """The saved values that can move (Note [Offload in a plan]), each with the position of the
+    last forward op reading its storage and of the first backward op reading it: one pass over
+    the step's ops."""
     s = jg.schedule
-    fpos = {v: k for k, v in enumerate(fwd)}
-    bpos = {v: len(fwd) + k for k, v in enumerate(bwd)}
+    last_read: dict[int, int] = {}  # storage -> last forward position reading it
+    for k, w in enumerate(fwd):
+        last_read[w] = max(last_read.get(w, k), k)
+        for u in s.inputs[w]:
+            last_read[s.root[u]] = k
+    first_read: dict[int, int] = {}  # value -> first backward position reading it
+    for k, w in enumerate(bwd, start=len(fwd)):
+        for u in s.inputs[w]:
+            first_read.setdefault(u, k)
     out_roots = {s.root[v] for v in s.fwd_outputs}
     viewed = {s.root[u] for u in saved if s.root[u] != u}
-    found = []
-    for v in sorted(saved):
-        if s.root[v] != v or not s.nbytes[v] or v in s.graph_input or v in out_roots or v in viewed or v not in fpos:
-            continue
-        reads_storage = [w for w in fwd if any(s.root[u] == v for u in s.inputs[w])]
-        ready = max([fpos[v], *(fpos[w] for w in reads_storage)])
-        needed = [bpos[w] for w in bwd if v in s.inputs[w]]
-        if needed:
-            found.append(timeline.OffloadCandidate(v, s.nbytes[v], ready, min(needed)))
-    return found
+    return [timeline.OffloadCandidate(v, s.nbytes[v], last_read[v], first_read[v]) for v in sorted(saved)
+            if s.root[v] == v and s.nbytes[v] and v not in s.graph_input and v not in out_roots and v not in viewed
+            and v in last_read and v in first_read]
 
 
 def _timed(mode: str, cands: list[timeline.OffloadCandidate], seconds: list[float], boundary: int,
@@ -125,9 +128,19 @@ def _timed(mode: str, cands: list[timeline.OffloadCandidate], seconds: list[floa
     return chosen
 
 
-def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, dev: DeviceModel) -> Plan:
+def node_seconds(jg: JointGraph, dev: DeviceModel) -> list[float]:
+    """Each schedule node's estimated seconds run as its own kernel (``cost.run_seconds``; 0 for a
+    view): the step's timeline, whatever the plan's op order."""
+    s = jg.schedule
+    nodes = [n for n in jg.nodes[0].graph.nodes if n.op != "output"]
+    return [cost.run_seconds(n, dev) if s.root[v] == v else 0.0 for v, n in enumerate(nodes)]
+
+
+def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, dev: DeviceModel,
+                 per_node: list[float] | None = None) -> Plan:
     """``plan`` with the saved values ``mode`` offloads (Note [Offload in a plan]): its
-    ``offloaded``, its peak simulated with them, and a note when nothing moves."""
+    ``offloaded``, its peak simulated with them, and a note when nothing moves. ``per_node``:
+    ``node_seconds(jg, dev)`` where the caller has it."""
     s = jg.schedule
     saved = jg.to_schedule_ids(saved_ids)
     device = _device(jg)
@@ -139,9 +152,9 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
     cands = _candidates(jg, saved, fwd, bwd)
     if not cands:
         return replace(plan, notes=(*plan.notes, f"offload={mode!r}: no saved value can move (Note [Offload in a plan])"))
-    graph_nodes = [n for n in jg.nodes[0].graph.nodes if n.op != "output"]
+    per_node = per_node if per_node is not None else node_seconds(jg, dev)
     order = fwd + bwd
-    seconds = [cost.run_seconds(graph_nodes[v], dev) if s.root[v] == v else 0.0 for v in order]
+    seconds = [per_node[v] for v in order]
     chosen = _timed(mode, cands, seconds, len(fwd), link)
     if mode == "all" and any(e.reloaded_at < len(fwd) for e in chosen.entries):
         chosen = _started_in_backward(chosen, seconds, len(fwd), link)
@@ -168,7 +181,14 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
     """Every candidate with what ``mode`` offloads of its saved values, so that a budget chooses
     among save, recompute and offload at once: the fastest plan (time cost with the copies'
     stall) whose peak with its offloads fits."""
-    return [replace(c, plan=with_offload(c.jg or jg, list(c.saved), c.plan, mode, dev)) for c in found]
+    timelines: dict[int, list[float]] = {}  # id of a joint graph -> its node_seconds
+    out = []
+    for c in found:
+        g = c.jg or jg
+        if id(g) not in timelines:
+            timelines[id(g)] = node_seconds(g, dev)
+        out.append(replace(c, plan=with_offload(g, list(c.saved), c.plan, mode, dev, timelines[id(g)])))
+    return out
 
 
 def _started_in_backward(chosen: timeline.OffloadSchedule, seconds: list[float], boundary: int,
