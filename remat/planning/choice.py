@@ -24,7 +24,7 @@ from .candidates import Candidate
 __all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "above_eager",
            "default_first", "within_budget", "compile_within_budget", "infeasible"]
 
-MAX_COMPILES = 4
+MAX_COMPILES = 2
 """At most this many compiles of one graph under a budget (Note [Budget re-plan])."""
 
 EAGER_PEAK_SLACK = 0.02
@@ -47,12 +47,21 @@ be, when no plan fits it (Note [A budget at eager's peak])."""
 # Under a budget, the planner takes the default plan when its *predicted* peak fits, else the
 # fastest candidate whose predicted peak fits (``choose``). With a backend that reads the
 # compiled step's peak (Inductor: ``remat.core.allocations``), the backward is compiled with the forward,
-# and if the peak read from the compiled graphs misses the budget, the graph is planned again with
-# that candidate's read peak in place of its prediction (``Attempt.known_peaks``), and
-# compiled again: each miss costs one more compile of the graph (forward and backward), at most
-# ``MAX_COMPILES`` in all. The last compile takes the fitting candidate of the smallest predicted
-# peak (``Attempt.last``), and if that misses too, ``InfeasibleBudgetError`` names the peaks
-# read: a budget remat accepts is one its compiled step was read to keep.
+# and if the peak read from the compiled graphs misses the budget, the graph is planned once more
+# and compiled again, at most ``MAX_COMPILES`` (two) compiles of the graph in all. The second
+# choice is driven by what the first compile read: that candidate's read peak replaces its
+# prediction (``Attempt.known_peaks``), and every other candidate is predicted higher by the
+# amount the reading exceeded the prediction (``Attempt.gap``), so the fastest candidate that
+# fits with that correction is compiled. What the model of the step misses on the GPU is mostly
+# code the backend generates whatever is saved (HF GPT-2 on the H200: the logits gradient's
+# buffer and padded matmul copies, +0.6 GiB on each of four plans predicted at 2.13-2.41 GiB), so
+# a constant correction is what the reading says of the plans not compiled; for a plan smaller
+# than the one read, adding the gap is above scaling by the reading's ratio. If no candidate fits
+# with the correction, ``InfeasibleBudgetError`` is raised at once, naming the reading (an HF
+# encoder-decoder at ``budget=0.5`` once spent four compiles reading 2.72-2.76 GiB whatever the
+# plan). If the second compile misses too, it names both readings: a budget remat accepts is
+# one its compiled step was read to keep. On CUDA the first training step's allocator peak is
+# then compared with the budget too (Note [Measured budget peak] in ``remat.capture.budget_guard``).
 #
 # A plan kept over its budget would be a budget accepted and not kept. Before the last compile
 # raised, HF GPT-2 at budget 0.75 on the H200 kept, after four compiles, a plan read at 5.31 GiB
@@ -112,12 +121,15 @@ class Earlier:
 @dataclass(frozen=True)
 class Attempt:
     """One compile of a graph under a budget (Note [Budget re-plan]): the peaks read from the
-    earlier compiles' plans (``PlanData.key`` -> bytes), used instead of their predictions, and
-    whether it is the last compile."""
+    earlier compiles' plans (``PlanData.key`` -> bytes), used instead of their predictions, the
+    correction of every other prediction (``gap``), and whether it is the last compile."""
 
     known_peaks: Mapping[PlanKey, int] = field(default_factory=dict)
     last: bool = False
     compiles: int = 0
+    gap: int = 0
+    """How far the earlier compiles' readings (or measurements) were above their predictions at
+    most: added to the prediction of every candidate not read yet."""
     """How many compiles of this graph came before it."""
     earlier: Earlier = Earlier()
     """The graphs the step ran before this one (Note [Step budget])."""
@@ -129,11 +141,12 @@ FIRST = Attempt()
 
 def infeasible(budget_bytes: int, smallest: int, *, eager_peak: int = 0, floor: int = 0,
                missed: tuple[str, ...] = (), earlier: Earlier | None = None,
-               step_budget: int = 0) -> InfeasibleBudgetError:
+               step_budget: int = 0, gap: int = 0) -> InfeasibleBudgetError:
     """The error for a budget of ``budget_bytes`` that no plan keeps, ``smallest`` the least peak
     seen. ``missed``: the re-plan's compiles, each read over the budget (Note [Budget re-plan]);
     otherwise no candidate's predicted peak fits (``eager_peak`` for scale, and ``floor``,
-    ``remat.core.peak.floor_bytes``, named when the budget is below it)."""
+    ``remat.core.peak.floor_bytes``, named when the budget is below it), each prediction raised
+    by ``gap`` where an earlier compile read that much more than predicted."""
     if earlier is not None and earlier.graphs:
         finding = (f"the step's budget of {format_bytes(step_budget)} leaves this graph (graph "
                    f"{earlier.graphs + 1} of the step, after a graph break) {format_bytes(budget_bytes)}: the "
@@ -151,6 +164,11 @@ def infeasible(budget_bytes: int, smallest: int, *, eager_peak: int = 0, floor: 
     elif missed:
         finding = (f"no plan of this graph compiled under its budget of {format_bytes(budget_bytes)} in "
                    f"{len(missed)} compiles ({'; '.join(missed)}): their compiled peaks exceed their predictions")
+    elif gap > 0:
+        finding = (f"no plan fits a peak of {format_bytes(budget_bytes)}: a compile of this graph read "
+                   f"{format_bytes(gap)} more than its plan's predicted peak, and with that added the smallest "
+                   f"peak for this graph is {format_bytes(smallest)} (eager autograd's: {format_bytes(eager_peak)}); "
+                   "no further compile is spent on it")
     else:
         finding = (f"no plan fits a peak of {format_bytes(budget_bytes)}: the smallest predicted peak for this "
                    f"graph is {format_bytes(smallest)} (eager autograd's: {format_bytes(eager_peak)})")
@@ -175,12 +193,12 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     Monotone: lowering the budget only removes candidates, so the chosen peak never rises and
     the estimated time cost never falls.
 
-    ``attempt``: the peaks read from compiled candidates, used instead of their predictions;
-    on the re-plan's last compile, the fitting candidate of the smallest peak, the one with the
-    most room for its compiled peak to exceed its prediction."""
+    ``attempt``: the peaks read from compiled candidates, used instead of their predictions,
+    and the correction the readings call for added to every other prediction (Note [Budget
+    re-plan])."""
 
     def peak(c: Candidate) -> int:
-        return attempt.known_peaks.get(c.plan.key, c.peak)
+        return attempt.known_peaks.get(c.plan.key, c.peak + attempt.gap)
 
     if peak(candidates[0]) <= budget_bytes:
         return candidates[0]
@@ -193,9 +211,8 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
                     f"{format_bytes(peak(smallest))} ({peak(smallest) / eager_peak - 1:+.2%} of eager's), is taken "
                     f"(Note [A budget at eager's peak])")
             return replace(smallest, plan=replace(smallest.plan, notes=(*smallest.plan.notes, note)))
-        raise infeasible(budget_bytes, min(peak(c) for c in candidates), eager_peak=eager_peak, floor=floor)
-    if attempt.last:
-        return min(fitting, key=lambda c: (peak(c), c.time, c.saved_bytes))
+        raise infeasible(budget_bytes, min(peak(c) for c in candidates), eager_peak=eager_peak, floor=floor,
+                         gap=attempt.gap)
     return min(fitting, key=lambda c: (c.time, peak(c), c.saved_bytes))
 
 
@@ -302,8 +319,9 @@ def compile_within_budget(compile_once: Callable[[Attempt], PlanData | None]) ->
     when the last compile misses too."""
     known: dict[PlanKey, int] = {}
     missed: list[str] = []
+    gap = 0
     while True:
-        attempt = Attempt(dict(known), last=len(known) + 1 >= MAX_COMPILES, compiles=len(known))
+        attempt = Attempt(dict(known), last=len(known) + 1 >= MAX_COMPILES, compiles=len(known), gap=gap)
         plan = compile_once(attempt)
         if plan is None or not _missed(plan):
             break
@@ -312,4 +330,5 @@ def compile_within_budget(compile_once: Callable[[Attempt], PlanData | None]) ->
         if attempt.last:
             raise infeasible(plan.budget_bytes, min(plan.compiled_peak_bytes, *known.values()), missed=tuple(missed))
         known[plan.key] = plan.compiled_peak_bytes
+        gap = max(gap, plan.compiled_peak_bytes - plan.simulated_peak_bytes)
     return f"budget re-plan ({len(known) + 1} compiles): " + "; ".join(missed) if missed else None

@@ -235,8 +235,14 @@ def test_a_budget_the_default_plan_fits_gives_the_default_plan():
     assert choose(cands, 100, 200) is default
     assert choose([default, bigger_faster], 10**9, 200) is default
     assert choose(cands, 99, 200) is smaller_faster  # below the default's peak: the fastest that fits
-    last = Attempt(last=True)  # the budget's last compile: the smallest that fits
-    assert choose(cands, 99, 200, attempt=last) is smaller_slower
+    # A compile read 15 B over its prediction: every candidate not read is predicted 15 B higher,
+    # and the fastest that fits with that is taken (Note [Budget re-plan]).
+    read = Attempt(known_peaks={default.plan.key: 115}, gap=15)
+    assert choose(cands, 105, 200, attempt=read) is smaller_faster  # 90 + 15 fits
+    assert choose(cands, 104, 200, attempt=read) is smaller_slower  # 90 + 15 does not, 50 + 15 does
+    with pytest.raises(remat.InfeasibleBudgetError, match=r"read 15 B more than its plan's predicted peak, and with "
+                       r"that added the smallest peak for this graph is 65 B .*no further compile"):
+        choose(cands, 64, 200, attempt=read)
     assert choose(cands, 89, 200) is smaller_slower
     with pytest.raises(remat.InfeasibleBudgetError, match="smallest predicted peak for this graph is 50 B"):
         choose(cands, 49, 200)
