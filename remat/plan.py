@@ -12,6 +12,7 @@ from typing import Any
 
 from . import report
 from .plan_data import (
+    MEASURED,
     READ,
     FrontierData,
     NodeFacts,
@@ -27,7 +28,7 @@ from .report.totals import Totals
 from .units import format_bytes, format_scaled
 
 __all__ = ["Role", "Status", "ValueInfo", "NodeFacts", "SavedTensor", "PlanNode", "Plan", "Frontier", "Tradeoff",
-           "READ", "format_bytes", "format_scaled"]
+           "READ", "MEASURED", "format_bytes", "format_scaled"]
 
 
 class Plan(PlanData):

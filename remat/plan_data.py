@@ -20,8 +20,8 @@ from typing import Any
 
 from .units import format_bytes
 
-__all__ = ["Role", "Status", "READ", "ValueInfo", "NodeFacts", "SavedTensor", "Offloaded", "PlanNode", "Tradeoff", "PlanKey",
-           "PlanData", "FrontierData"]
+__all__ = ["Role", "Status", "READ", "MEASURED", "ValueInfo", "NodeFacts", "SavedTensor", "Offloaded", "PlanNode",
+           "Tradeoff", "PlanKey", "PlanData", "FrontierData"]
 
 
 class _Name(str, Enum):
@@ -66,6 +66,10 @@ class Status(_Name):
 READ = "read: Inductor's memory plan"
 """``Plan.peak_model`` once the peak was read from the compiled graphs."""
 _READ_NOTE = "peak read from Inductor's memory plan"
+MEASURED = "measured: CUDA allocator on a training step"
+"""``Plan.peak_model`` once the step's peak through the graph was measured (Note [Measured
+budget peak] in ``remat.capture.budget_guard``)."""
+_MEASURED_NOTE = "peak measured by the CUDA allocator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +212,11 @@ class PlanData:
     """The step's peak read from the allocations Inductor planned for the compiled forward and
     backward (``remat.core.allocations``); 0 until both are compiled (AOTAutograd compiles the
     backward at the first backward call unless a budget asks for it at once)."""
+    measured_peak_bytes: int = 0
+    """Under a budget on CUDA: the allocator's peak from the graph's forward call to the end of
+    its backward, less what was allocated at the call, on the training step that measured it
+    (Note [Measured budget peak] in ``remat.capture.budget_guard``); it then becomes
+    ``predicted_peak_bytes``. 0 where not measured."""
     eager_peak_bytes: int = 0
     """Predicted peak of eager autograd on the same graph: saving what autograd saves,
     recomputing nothing, run uncompiled op by op (whatever the backend). Budget fractions are
@@ -260,9 +269,22 @@ class PlanData:
         which becomes ``predicted_peak_bytes``; the simulator's stays in ``simulated_peak_bytes``."""
         note = (f"peak read from Inductor's memory plan: {format_bytes(peak_bytes)}" + (f" at {where}" if where else "")
                 + "".join(f" ({c})" for c in caveats))
-        return replace(self, compiled_peak_bytes=peak_bytes, predicted_peak_bytes=peak_bytes,
+        measured = self.measured_peak_bytes  # a measurement stays the best prediction
+        return replace(self, compiled_peak_bytes=peak_bytes, predicted_peak_bytes=measured or peak_bytes,
                        simulated_peak_bytes=self.simulated_peak_bytes or self.predicted_peak_bytes,
-                       peak_model=READ, notes=(*[n for n in self.notes if not n.startswith(_READ_NOTE)], note))
+                       peak_model=MEASURED if measured else READ,
+                       notes=(*[n for n in self.notes if not n.startswith(_READ_NOTE)], note))
+
+    def with_measured_peak(self, peak_bytes: int) -> PlanData:
+        """This plan with its step's peak measured on CUDA (``measured_peak_bytes``), which becomes
+        ``predicted_peak_bytes``; the simulator's stays in ``simulated_peak_bytes``."""
+        before = f"{format_bytes(self.predicted_peak_bytes)} ({self.peak_model})" if self.peak_model else \
+            format_bytes(self.predicted_peak_bytes)
+        note = f"{_MEASURED_NOTE} on a training step: {format_bytes(peak_bytes)}, predicted {before}"
+        return replace(self, measured_peak_bytes=peak_bytes, predicted_peak_bytes=peak_bytes,
+                       simulated_peak_bytes=self.simulated_peak_bytes or self.predicted_peak_bytes,
+                       peak_model=MEASURED,
+                       notes=(*[n for n in self.notes if not n.startswith(_MEASURED_NOTE)], note))
 
     @property
     def saved_bytes(self) -> int:
@@ -367,6 +389,7 @@ class PlanData:
                    peak_model=" + ".join(models),
                    simulated_peak_bytes=_combined(plans, "simulated_peak_bytes"),
                    compiled_peak_bytes=_combined(plans, "compiled_peak_bytes"),
+                   measured_peak_bytes=_combined(plans, "measured_peak_bytes"),
                    peak_floor_bytes=max(p.peak_floor_bytes for p in plans) if peak else 0,
                    offloaded=tuple(offloaded))
 

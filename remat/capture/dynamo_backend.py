@@ -23,9 +23,17 @@ from ..logs import planning, warn_at_user
 from ..options import Options
 from ..plan import Plan, format_bytes
 from ..plan_data import PlanKey
-from ..planning.choice import Attempt, Earlier, compile_within_budget
+from ..planning.choice import (
+    MAX_COMPILES,
+    Attempt,
+    Earlier,
+    compile_within_budget,
+    infeasible,
+    missed_budget,
+    peak_allowed,
+)
 from ..tuning import Tuning
-from . import buckets
+from . import buckets, budget_guard
 from .attention import AttentionReport, rewrite_attention
 from .graph_copy import copy_graph
 from .partition import make_partition_fn, make_stock_partition_fn
@@ -220,9 +228,11 @@ class RematBackend:
         return tuning if tuning.measures(device) else None
 
     def compile_plan(self, gm: fx.GraphModule, example_inputs: list[Any], *, pick: PlanKey | None = None,
-                     stock: bool = False, want_frontier: bool = False, backward_now: bool = False) -> Any:
+                     stock: bool = False, want_frontier: bool = False, backward_now: bool = False,
+                     measure: bool = True) -> Any:
         """Plan and compile one graph with this backend's options; under a budget, again while
-        the compiled step misses it (``remat.planning.choice.compile_within_budget``). ``pick``:
+        the compiled step misses it (``remat.planning.choice.compile_within_budget``), and on
+        CUDA while its measured step does (``measure``, Note [Measured budget peak]). ``pick``:
         the candidate plan to compile (``remat.tuning``; no re-plan); ``stock``: torch.compile's
         own partition instead of a plan; ``want_frontier``: the frontier is planned too;
         ``backward_now``: the backward is compiled with the forward (its peak read at once)."""
@@ -244,8 +254,11 @@ class RematBackend:
                              [max(p.saved_bytes, self.saved_while_measuring.get(i, 0))
                               for i, p in enumerate(self.plans[start:k], start)])
 
+        compiles = 0
+
         def compile_once(attempt: Attempt) -> Plan | None:
-            nonlocal gm, pristine, compiled
+            nonlocal gm, pristine, compiled, compiles
+            compiles += 1
             attempt = replace(attempt, earlier=earlier)
             if attempt.compiles:  # the last compile missed the budget: its plan goes
                 del self.plans[k:], self.frontiers[k:]
@@ -270,7 +283,58 @@ class RematBackend:
             self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, note))
         if k < len(self.plans) and not self.explain_only:  # the inputs it runs for: a recompile adds a plan
             self.plans[k] = replace(self.plans[k], compiled_for=_compiled_for(gm, example_inputs))
-        return compiled
+        meter = budget_guard.meter_for(example_inputs) if replans and measure else None
+        if meter is None or pristine is None or k >= len(self.plans) or self.plans[k].fallback:
+            return compiled
+        return self._guarded(k, compiled, meter, pristine, budget_guard.lookalike_inputs(example_inputs),
+                             earlier, compiles, read_peak)
+
+    def _guarded(self, k: int, compiled: Any, meter: budget_guard.Meter, source: fx.GraphModule,
+                 inputs: Callable[[], list[Any]], earlier: Earlier, compiles: int,
+                 read_peak: Callable[[Any], None]) -> budget_guard.BudgetGuard:
+        """``compiled``, measured on a training step and planned again when it misses its budget
+        (Note [Measured budget peak]); ``source``: an uncompiled copy of the graph."""
+        state: dict[str, Any] = {"compiles": compiles, "attempt": None, "missed": []}
+        ends_at_break = k in self._hands_over
+
+        def judge(peak: int) -> bool:
+            plan = self.plans[k]
+            self.plans[k] = plan.with_measured_peak(peak)
+            limit = plan.budget_bytes or 0
+            if peak <= (1 + budget_guard.MEASURED_SLACK) * peak_allowed(limit, plan.eager_peak_bytes):
+                return False
+            state["missed"].append(missed_budget(plan, peak))
+            if state["compiles"] >= MAX_COMPILES:
+                raise infeasible(limit, peak, missed=tuple(state["missed"]))
+            gap = max(0, peak - (plan.simulated_peak_bytes or plan.predicted_peak_bytes))
+            state["attempt"] = Attempt({plan.key: peak}, last=True, compiles=state["compiles"], gap=gap,
+                                       earlier=earlier)
+            return True
+
+        def replan() -> Any:
+            state["compiles"] += 1
+            tail = (self.plans[k + 1:], self.frontiers[k + 1:], {i: r for i, r in self.readings.items() if i > k})
+            del self.plans[k:], self.frontiers[k:]
+            self.readings = {i: r for i, r in self.readings.items() if i < k}
+            partition = make_partition_fn(self.options, self._sink, self.backend, self.reference, self.want_frontier,
+                                          ends_at_break=ends_at_break, attempt=state["attempt"])
+            try:
+                with compat.backward_compiled_now():
+                    run = self._lower(copy_graph(source) or source, inputs(), _watched(partition, self), read_peak)
+            finally:
+                self.plans[k + 1:], self.frontiers[k + 1:] = tail[0], tail[1]
+                self.readings.update(tail[2])
+                self._apply_readings()
+            plan = self.plans[k]
+            note = f"budget re-plan on a measured step ({state['compiles']} compiles): {'; '.join(state['missed'])}"
+            self.plans[k] = replace(plan, notes=(*plan.notes, note))
+            allowed = (1 + budget_guard.MEASURED_SLACK) * peak_allowed(plan.budget_bytes or 0, plan.eager_peak_bytes)
+            if plan.budget_bytes is not None and plan.compiled_peak_bytes > allowed:
+                raise infeasible(plan.budget_bytes, plan.compiled_peak_bytes,
+                                 missed=(*state["missed"], missed_budget(plan, plan.compiled_peak_bytes, "read")))
+            return run
+
+        return budget_guard.BudgetGuard(compiled, meter, judge, replan)
 
     def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                read_peak: Callable[[Any], None], stock: bool = False) -> Any:

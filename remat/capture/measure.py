@@ -74,6 +74,10 @@ class _Step:
     fwd: tuple[Any, Any]
     bwd_start: Any = None
     bwd_end: Any = None
+    window: Any = None
+    """Under a budget on CUDA: the step's peak window (``remat.capture.budget_guard``)."""
+    peak: int | None = None
+    """The peak measured over it, once its backward ended."""
 
 
 @dataclass
@@ -93,7 +97,11 @@ class TunedGraph:
     ``on_decided(index, selection)`` is called once, when the choice is made."""
 
     def __init__(self, candidates: Sequence[tuple[str, Callable[..., Any], Callable[[], int]]], timer: Timer,
-                 samples: int, tolerance: float, on_decided: Callable[[int, Selection], None]):
+                 samples: int, tolerance: float, on_decided: Callable[[int, Selection], None],
+                 meter: Any = None, allowed: Callable[[int], bool] | None = None):
+        """``meter`` (``remat.capture.budget_guard.Meter``): measure each timed step's peak too;
+        ``allowed(peak)``: whether a measured peak keeps the budget (a candidate measured over it
+        is not chosen; when none keeps it, ``on_decided`` gets the selection of none, index -1)."""
         if not candidates:
             raise ValueError("remat: internal error, TunedGraph needs a candidate; please report")
         self._candidates = [_Candidate(n, r, p) for n, r, p in candidates]
@@ -101,8 +109,10 @@ class TunedGraph:
         self._samples = samples
         self._tolerance = tolerance
         self._on_decided = on_decided
+        self._meter = meter
+        self._allowed = allowed
         self._next = 0
-        self.winner: Callable[..., Any] | None = candidates[0][1] if len(candidates) == 1 else None
+        self.winner: Callable[..., Any] | None = candidates[0][1] if len(candidates) == 1 and meter is None else None
         self.selection: Selection | None = None
 
     def __call__(self, *args: Any) -> Any:
@@ -114,11 +124,14 @@ class TunedGraph:
         cand = self._candidates[self._next]
         self._next = (self._next + 1) % len(self._candidates)
         cand.calls += 1
+        window = self._meter.open() if self._meter is not None and cand.calls > 1 else None
         start = self._timer.mark()
         out = cand.run(*args)
-        step = _Step((start, self._timer.mark()))
+        step = _Step((start, self._timer.mark()), window=window)
         if cand.calls > 1 and self._hook_backward(out, step):
             cand.steps.append(step)
+        elif window is not None:
+            self._meter.close(window)
         return out
 
     def _measured(self) -> bool:
@@ -137,6 +150,8 @@ class TunedGraph:
         def after(grad_inputs: Any, grad_outputs: Any) -> None:
             if step.bwd_end is None:
                 step.bwd_end = timer.mark()
+                if step.window is not None:
+                    step.peak, step.window = self._meter.close(step.window), None
 
         node.register_prehook(before)
         node.register_hook(after)
@@ -147,8 +162,21 @@ class TunedGraph:
         for c in self._candidates:
             done = [s for s in c.steps if s.bwd_end is not None][: self._samples]
             seconds = tuple(self._timer.seconds(*s.fwd) + self._timer.seconds(s.bwd_start, s.bwd_end) for s in done)
-            measured.append(Measured(c.name, seconds, c.peak_bytes()))
-        self.selection = select(measured, self._tolerance)
+            peaks = [s.peak for s in done if s.peak is not None]
+            measured.append(Measured(c.name, seconds, max(peaks) if peaks else c.peak_bytes()))
+        for c in self._candidates:  # windows of forwards whose backward never ran
+            for s in c.steps:
+                if s.window is not None:
+                    self._meter.close(s.window)
+                    s.window = None
+        keep = [i for i, m in enumerate(measured) if self._allowed is None or self._allowed(m.peak_bytes)]
+        if not keep:  # on_decided raises: the budget is not kept by any candidate
+            self._on_decided(-1, Selection(-1, -1, self._tolerance, "every candidate measured over the budget",
+                                           tuple(measured)))
+        chosen = select([measured[i] for i in keep], self._tolerance)
+        over = [m.name for i, m in enumerate(measured) if i not in keep]
+        reason = chosen.reason + (f" (measured over the budget, not chosen: {', '.join(over)})" if over else "")
+        self.selection = Selection(keep[chosen.index], keep[chosen.fastest], chosen.tolerance, reason, tuple(measured))
         k = self.selection.index
         self.winner = self._candidates[k].run
         for c in self._candidates:  # the losers' compiled code and the steps' events go

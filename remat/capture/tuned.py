@@ -33,9 +33,11 @@ import torch.fx as fx
 from ..core.selection import Selection
 from ..plan import Plan
 from ..plan_data import PlanKey
+from ..planning.choice import infeasible, peak_allowed
 from ..planning.decision_cache import Decision, DecisionCache, decision_key
 from ..planning.measured import measured_picks
 from ..tuning import Tuning
+from . import budget_guard
 from .graph_copy import copy_graph
 from .measure import TunedGraph, timer_for
 from .partition import STOCK
@@ -53,7 +55,8 @@ class _Compiler(Protocol):
     options: Any
 
     def compile_plan(self, gm: fx.GraphModule, example_inputs: list[Any], *, pick: PlanKey | None = None,
-                     stock: bool = False, want_frontier: bool = False, backward_now: bool = False) -> Any: ...
+                     stock: bool = False, want_frontier: bool = False, backward_now: bool = False,
+                     measure: bool = True) -> Any: ...
 
 
 @dataclass
@@ -136,7 +139,7 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
         run = _cached(rb, k, copies.pop(), example_inputs, hit)
         if run is not None:
             return run
-    first = rb.compile_plan(gm, example_inputs, want_frontier=True, backward_now=True)
+    first = rb.compile_plan(gm, example_inputs, want_frontier=True, backward_now=True, measure=False)
     if k >= len(rb.plans) or rb.plans[k].fallback:
         return first
     frontier = rb.frontiers[k] or ()
@@ -155,7 +158,9 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
             entries.append(_take(rb, k, STOCK, run))
     if chosen.budget_bytes is not None:  # a candidate read over the budget is not measured
         entries = [e for i, e in enumerate(entries) if i == 0 or e.peak <= chosen.budget_bytes]
-    if len(entries) == 1:
+    budget = chosen.budget_bytes
+    meter = budget_guard.meter_for(example_inputs) if budget is not None else None
+    if len(entries) == 1 and meter is None:  # one candidate under a budget on CUDA is still measured
         _put(rb, k, entries[0])
         return first
     names = ", ".join(e.name for e in entries)
@@ -164,11 +169,16 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
                                    f"training steps ({names}); this plan runs until then"))
 
     def decided(index: int, selection: Selection) -> None:
+        if index < 0:
+            raise infeasible(chosen.budget_bytes or 0, min(m.peak_bytes for m in selection.measured),
+                             missed=tuple(f"{m.name} measured on training steps at {m.peak_bytes / 2**20:.1f} MiB"
+                                          for m in selection.measured))
         winner = entries[index]
         rb.saved_while_measuring.pop(k, None)
         table = tuple((m.name, m.median, m.peak_bytes) for m in selection.measured)
         shown = ", ".join(f"{n} {s * 1e3:.3f} ms / {b / 2**20:.1f} MiB" for n, s, b in table)
-        rb.plans[k] = replace(winner.plan, measured=table, chosen_by=f"measured: {selection.reason}",
+        plan = winner.plan.with_measured_peak(table[index][2]) if meter is not None else winner.plan
+        rb.plans[k] = replace(plan, measured=table, chosen_by=f"measured: {selection.reason}",
                               budget_bytes=chosen.budget_bytes,
                               notes=(*winner.plan.notes, f"measured on the first training steps ({shown}): "
                                      f"{selection.reason}"))
@@ -179,6 +189,11 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
             cache.store(key, Decision(winner.plan.key, winner.name, selection.reason, table, chosen.budget_bytes))
 
     device = _device(example_inputs)[0]
+
+    def allowed(peak: int) -> bool:  # Note [Measured budget peak]
+        return peak <= (1 + budget_guard.MEASURED_SLACK) * peak_allowed(budget or 0, chosen.eager_peak_bytes)
+
     return TunedGraph([(e.name, e.run, lambda e=e: e.peak) for e in entries], timer_for(device),
-                      tuning.samples, tuning.tolerance, decided)
+                      tuning.samples, tuning.tolerance, decided, meter=meter,
+                      allowed=allowed if meter is not None else None)
 

@@ -22,7 +22,7 @@ from .build_plan import EagerBaseline
 from .candidates import Candidate
 
 __all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "above_eager",
-           "default_first", "within_budget", "compile_within_budget", "infeasible"]
+           "default_first", "within_budget", "compile_within_budget", "infeasible", "missed_budget", "peak_allowed"]
 
 MAX_COMPILES = 2
 """At most this many compiles of one graph under a budget (Note [Budget re-plan])."""
@@ -205,7 +205,7 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     fitting = [c for c in candidates if peak(c) <= budget_bytes]
     if not fitting:
         smallest = min(candidates, key=lambda c: (peak(c), c.time, c.saved_bytes))
-        if peak(smallest) <= _at_eager_peak(budget_bytes, eager_peak):
+        if peak(smallest) <= peak_allowed(budget_bytes, eager_peak):
             note = (f"no plan's predicted peak fits the budget of {format_bytes(budget_bytes)}, at least eager "
                     f"autograd's own peak ({format_bytes(eager_peak)}): the smallest plan, predicted at "
                     f"{format_bytes(peak(smallest))} ({peak(smallest) / eager_peak - 1:+.2%} of eager's), is taken "
@@ -253,7 +253,7 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
 def above_eager(peak: int, eager_peak: int) -> bool:
     """Whether a min-cut plan's ``peak`` is far enough above eager's (beyond ``EAGER_PEAK_SLACK``)
     for the default to be another plan (Note [The default at most eager's peak])."""
-    return eager_peak > 0 and peak > _at_eager_peak(eager_peak, eager_peak)
+    return eager_peak > 0 and peak > peak_allowed(eager_peak, eager_peak)
 
 
 def _noted(c: Candidate, note: str) -> Candidate:
@@ -269,15 +269,16 @@ def default_first(candidates: list[Candidate], eager_peak: int) -> list[Candidat
     above = (f"the min-cut plan's predicted peak ({format_bytes(mincut.peak)}) is "
              f"{mincut.peak / eager_peak - 1:.1%} above eager autograd's ({format_bytes(eager_peak)})")
     fitting = ([c for c in candidates if c.peak <= eager_peak]
-               or [c for c in candidates if c.peak <= _at_eager_peak(eager_peak, eager_peak)])
+               or [c for c in candidates if c.peak <= peak_allowed(eager_peak, eager_peak)])
     if not fitting:
         smallest = min(c.peak for c in candidates)
         return [_noted(mincut, f"{above}, and so is every plan of remat's (the smallest: {format_bytes(smallest)}); "
                                "the min-cut plan is kept (Note [The default at most eager's peak])"), *candidates[1:]]
     picked = min(fitting, key=lambda c: (c.time, c.peak, c.saved_bytes))
-    within = " (within the slack of eager's peak: no plan is predicted at or below it)" if picked.peak > eager_peak else ""
-    default = _noted(picked, f"{above}: the default is the fastest plan predicted at {format_bytes(picked.peak)}{within} "
-                             "(Note [The default at most eager's peak])")
+    within = (" (within the slack of eager's peak: no plan is predicted at or below it)"
+              if picked.peak > eager_peak else "")
+    default = _noted(picked, f"{above}: the default is the fastest plan predicted at "
+                             f"{format_bytes(picked.peak)}{within} (Note [The default at most eager's peak])")
     return [default, *[c for c in candidates if c is not picked]]
 
 
@@ -296,7 +297,13 @@ def within_budget(candidates: list[Candidate], budget: Budget, eager: EagerBasel
     return replace(chosen, plan=replace(chosen.plan, budget_bytes=limit))
 
 
-def _at_eager_peak(budget_bytes: int, eager_peak: int) -> int:
+def missed_budget(plan: PlanData, peak: int, how: str = "measured on a training step") -> str:
+    """What a compile of ``plan`` missing its budget by ``peak`` is called in an error."""
+    return (f"a plan predicted at {format_bytes(plan.simulated_peak_bytes or plan.predicted_peak_bytes)} {how} at "
+            f"{format_bytes(peak)}, over the budget")
+
+
+def peak_allowed(budget_bytes: int, eager_peak: int) -> int:
     """The most a plan's peak may be under ``budget_bytes``: the budget itself, or, for a budget
     of at least eager autograd's own peak, that peak and ``EAGER_PEAK_SLACK`` (Note [A budget at
     eager's peak])."""
@@ -308,7 +315,7 @@ def _at_eager_peak(budget_bytes: int, eager_peak: int) -> int:
 def _missed(plan: PlanData) -> bool:
     """Whether the peak read from ``plan``'s compiled graphs is over its budget."""
     return (plan.budget_bytes is not None
-            and plan.compiled_peak_bytes > _at_eager_peak(plan.budget_bytes, plan.eager_peak_bytes))
+            and plan.compiled_peak_bytes > peak_allowed(plan.budget_bytes, plan.eager_peak_bytes))
 
 
 def compile_within_budget(compile_once: Callable[[Attempt], PlanData | None]) -> str | None:

@@ -1,0 +1,217 @@
+"""A budgeted graph's peak measured on a training step (Note [Measured budget peak], issue 27 item
+3): the measurement becomes the plan's peak; over the budget, the graph is planned again with it
+(at most two compiles in all) or the backward raises. The CUDA allocator is replaced here by a
+scripted meter (CPU); the GPU run measures the real one (benchmarks/real_models.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import remat
+from remat.capture import budget_guard
+from remat.plan import MEASURED
+from zoo import workloads
+
+
+class Scripted:
+    """A meter whose windows measure the given peaks, in order (then the last one again)."""
+
+    def __init__(self, *peaks: int):
+        self.peaks = list(peaks)
+        self.opened = self.closed = 0
+
+    def open(self):
+        self.opened += 1
+        return self.opened
+
+    def close(self, window):
+        self.closed += 1
+        return self.peaks.pop(0) if len(self.peaks) > 1 else self.peaks[0]
+
+
+def _model():
+    torch.manual_seed(0)
+    return workloads.build("pointwise", "small")
+
+
+def _default_peak(model, x) -> int:
+    return remat.explain(copy.deepcopy(model), x, backend="eager").predicted_peak_bytes
+
+
+def _train(model, x, steps, meter, monkeypatch, budget):
+    monkeypatch.setattr(budget_guard, "meter_for", lambda inputs: meter)
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=budget)
+    ref = copy.deepcopy(model)
+    seen = []
+    for _ in range(steps):
+        for m in (rm, ref):
+            for p in m.parameters():
+                p.grad = None
+            workloads.loss(m(x)).backward()
+        for (k, p), q in zip(rm.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=k)
+        seen.append(remat.compiled_plans(rm)[0])
+    return seen
+
+
+def test_a_measured_peak_within_the_budget_becomes_the_plans_peak(monkeypatch):
+    model, x = _model()
+    budget = _default_peak(model, x)
+    meter = Scripted(budget - 1000)
+    first, second, third = _train(model, x, 3, meter, monkeypatch, budget)
+    assert first.measured_peak_bytes == 0 and first.peak_model != MEASURED  # the first step is not measured
+    assert second.measured_peak_bytes == budget - 1000 == second.predicted_peak_bytes
+    assert second.peak_model == MEASURED and second.key == first.key
+    assert any(n.startswith("peak measured by the CUDA allocator on a training step") for n in second.notes)
+    assert third == second and meter.opened == meter.closed == 1  # measured once, then left alone
+
+
+def test_a_measured_miss_plans_the_graph_again_with_the_measurement(monkeypatch):
+    model, x = _model()
+    budget = _default_peak(model, x)
+    over = int(1.08 * budget)
+    meter = Scripted(over, budget - 1000)
+    first, second, third, fourth = _train(model, x, 4, meter, monkeypatch, budget)
+    assert second.key == first.key and second.measured_peak_bytes == over
+    # the next step runs a plan chosen with the measured excess added to every prediction
+    assert third.key != first.key
+    gap = over - first.predicted_peak_bytes
+    assert third.simulated_peak_bytes + gap <= budget, (third.simulated_peak_bytes, gap, budget)
+    assert any(n.startswith("budget re-plan on a measured step (2 compiles): a plan predicted at") for n in third.notes)
+    assert third.measured_peak_bytes == budget - 1000 and third.peak_model == MEASURED  # measured at once
+    assert fourth == third and meter.opened == meter.closed == 2
+
+
+def test_a_budget_missed_as_measured_after_the_last_compile_raises(monkeypatch):
+    model, x = _model()
+    budget = _default_peak(model, x)
+    meter = Scripted(int(1.08 * budget), int(1.1 * budget))
+    with pytest.raises(remat.InfeasibleBudgetError,
+                       match=r"^remat: no plan of this graph compiled under its budget .* in 2 compiles \(a plan "
+                             r"predicted at .* measured on a training step at .*, over the budget; a plan predicted "
+                             r"at .* measured on a training step at .*\).*Raise the budget"):
+        _train(model, x, 3, meter, monkeypatch, budget)
+
+
+def test_within_the_slack_the_budget_is_kept(monkeypatch):
+    model, x = _model()
+    budget = _default_peak(model, x)
+    meter = Scripted(int(1.015 * budget))
+    first, second, third = _train(model, x, 3, meter, monkeypatch, budget)
+    assert third.key == first.key and third.measured_peak_bytes == int(1.015 * budget)
+
+
+def test_nothing_is_measured_off_cuda():
+    model, x = _model()
+    assert budget_guard.meter_for([x, *model.parameters()]) is None
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=_default_peak(model, x))
+    for _ in range(2):
+        workloads.loss(rm(x)).backward()
+    (plan,) = remat.compiled_plans(rm)
+    assert plan.measured_peak_bytes == 0 and plan.peak_model != MEASURED
+
+
+class FakeAllocator:
+    def __init__(self):
+        self.now = self.top = 0
+
+    def alloc(self, n):
+        self.now += n
+        self.top = max(self.top, self.now)
+
+    def peak(self):
+        return self.top
+
+    def reset_peak(self):
+        self.top = self.now
+
+    def allocated(self):
+        return self.now
+
+
+def test_nested_windows_keep_each_others_peaks():
+    a = FakeAllocator()
+    windows = budget_guard.PeakWindows(a)
+    a.alloc(100)
+    outer = windows.open()  # base 100
+    a.alloc(500)
+    a.alloc(-400)  # outer's peak so far: 600
+    inner = windows.open()  # resets the counter at 200: outer keeps its 600
+    a.alloc(300)
+    a.alloc(-300)
+    assert windows.close(inner) == 300
+    a.alloc(50)
+    assert windows.close(outer) == 500  # 600 - 100, although the counter was reset inside it
+    assert windows.windows == []
+
+
+def test_lookalike_inputs_keep_parameters_and_not_activations():
+    p = torch.nn.Parameter(torch.randn(3, 4))
+    x = torch.randn(8, 3).t()
+    make = budget_guard.lookalike_inputs([p, x, 5])
+    q, y, n = make()
+    assert q is p and n == 5 and y is not x
+    assert (y.shape, y.stride(), y.dtype, y.requires_grad) == (x.shape, x.stride(), x.dtype, False)
+
+
+@pytest.mark.inductor
+def test_the_measured_re_plan_compiles_through_inductor(monkeypatch):
+    # The second compile runs at a forward call, outside Dynamo's compile: Inductor compiles the
+    # graph from its copy and shape-only inputs, and the gradients stay eager's.
+    model, x = _model()
+    budget = remat.explain(copy.deepcopy(model), x).predicted_peak_bytes
+    meter = Scripted(int(1.04 * budget), budget - 1000)
+    monkeypatch.setattr(budget_guard, "meter_for", lambda inputs: meter)
+    rm = remat.checkpoint(copy.deepcopy(model), budget=budget)
+    ref = copy.deepcopy(model)
+    keys = []
+    for _ in range(3):
+        for m in (rm, ref):
+            for p in m.parameters():
+                p.grad = None
+            workloads.loss(m(x)).backward()
+        for (k, p), q in zip(rm.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=k)
+        keys.append(remat.compiled_plans(rm)[0].key)
+    plan = remat.compiled_plans(rm)[0]
+    assert keys[0] == keys[1] != keys[2]
+    assert plan.compiled_peak_bytes and plan.measured_peak_bytes == budget - 1000
+    assert any(n.startswith("budget re-plan on a measured step (2 compiles)") for n in plan.notes)
+
+
+def _tuned(monkeypatch, meter, steps):
+    monkeypatch.setattr(budget_guard, "meter_for", lambda inputs: meter)
+    model, x = _model()
+    budget = _default_peak(model, x)
+    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=budget,
+                          tune=remat.Tuning(devices=("cpu",), samples=1, cache=False))
+    for _ in range(steps):
+        for p in rm.parameters():
+            p.grad = None
+        workloads.loss(rm(x)).backward()
+    return rm, budget
+
+
+def test_tuned_candidates_measured_over_the_budget_are_not_chosen(monkeypatch):
+    # Two candidates here (the default plan and a nested one; torch.compile's partition is
+    # predicted over the budget), one timed step each after an untimed one: the windows close
+    # in that order, the default measured over the budget.
+    meter = Scripted(10**9, 1234)
+    rm, budget = _tuned(monkeypatch, meter, 4)
+    workloads.loss(rm(_model()[1])).backward()  # the decision is made at this call
+    (plan,) = remat.compiled_plans(rm)
+    assert meter.opened == meter.closed == 2
+    assert [m[0] for m in plan.measured] == ["remat default", "remat nested"]
+    assert [m[2] for m in plan.measured] == [10**9, 1234]
+    assert plan.origin == "nested" and plan.measured_peak_bytes == 1234 and plan.peak_model == MEASURED
+    assert "measured over the budget, not chosen: remat default" in plan.chosen_by
+
+
+def test_tuned_candidates_all_measured_over_the_budget_raise(monkeypatch):
+    rm, budget = _tuned(monkeypatch, Scripted(10**9), 4)
+    with pytest.raises(remat.InfeasibleBudgetError, match=r"^remat: no plan of this graph compiled under its budget "
+                       r".* in 2 compiles \(remat default measured on training steps at 953.7 MiB; remat nested"):
+        rm(_model()[1])
