@@ -239,6 +239,9 @@ def plan_fields(fn: Callable) -> dict:
         "read_peak_mib": (compose(plans, "compiled_peak_bytes", "saved_bytes") / MiB
                           if all(p.compiled_peak_bytes for p in plans) else None),
         "peak_model": sorted({p.peak_model for p in plans}),
+        # the CUDA allocator's peak of a budgeted graph on a training step (Note [Measured budget peak])
+        "plan_measured_peak_mib": (compose(plans, "measured_peak_bytes", "device_saved_bytes") / MiB
+                                   if all(p.measured_peak_bytes for p in plans) else None),
         "replans": [n for p in plans for n in p.notes if n.startswith("budget re-plan")],
         "plan_saved_mib": sum(p.saved_bytes for p in plans) / MiB,
         "plan_eager_saved_mib": sum(p.eager_saved_bytes for p in plans) / MiB,

@@ -335,7 +335,7 @@ def compile_within_budget(compile_once: Callable[[Attempt], PlanData | None]) ->
         missed.append(f"a plan predicted at {format_bytes(plan.simulated_peak_bytes)} compiled to "
                       f"{format_bytes(plan.compiled_peak_bytes)}, over the budget")
         if attempt.last:
-            raise infeasible(plan.budget_bytes, min(plan.compiled_peak_bytes, *known.values()), missed=tuple(missed))
+            raise infeasible(plan.budget_bytes, min([plan.compiled_peak_bytes, *known.values()]), missed=tuple(missed))
         known[plan.key] = plan.compiled_peak_bytes
         gap = max(gap, plan.compiled_peak_bytes - plan.simulated_peak_bytes)
     return f"budget re-plan ({len(known) + 1} compiles): " + "; ".join(missed) if missed else None

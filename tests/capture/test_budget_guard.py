@@ -215,3 +215,28 @@ def test_tuned_candidates_all_measured_over_the_budget_raise(monkeypatch):
     with pytest.raises(remat.InfeasibleBudgetError, match=r"^remat: no plan of this graph compiled under its budget "
                        r".* in 2 compiles \(remat default measured on training steps at 953.7 MiB; remat nested"):
         rm(_model()[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA allocator's peak")
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_the_cuda_measurement_is_the_protocols_peak(backend):
+    # The plan's measured peak is the measurement protocol's: max_memory_allocated during the
+    # step less memory_allocated just before it, on the step that measured it (the second).
+    torch.manual_seed(0)
+    model, x = workloads.build("pointwise", "small")
+    model, x = model.cuda(), x.cuda()
+    budget = 10 * remat.explain(copy.deepcopy(model), x, backend=backend).predicted_peak_bytes
+    rm = remat.checkpoint(copy.deepcopy(model), backend=backend, budget=budget, tune=False)
+    peaks = []
+    for _ in range(3):
+        for p in rm.parameters():
+            p.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        workloads.loss(rm(x)).backward()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - before)
+    (plan,) = remat.compiled_plans(rm)
+    assert plan.peak_model == MEASURED
+    assert abs(plan.measured_peak_bytes - peaks[1]) <= 0.02 * peaks[1], (plan.measured_peak_bytes, peaks)
