@@ -43,7 +43,9 @@ DISTRIBUTED_H200 = (H200 + "distributed-h200-ws1.json", H200 + "distributed-h200
 ATTENTION_DROPOUT = H200 + "attention-dropout-h200.json"
 BUDGET_RUNS = (H200 + "real-models-h200-vit-budgets.json", H200 + "real-models-h200-s8-lm-budgets.json",
                H200 + "real-models-h200-s8-resnet-budgets.json", H200 + "real-models-h200-s8-gpt2-budgets.json",
-               H200 + "real-models-h200-s9-lm-budgets.json", H200 + "real-models-h200-s9-lm-ckpt.json")
+               H200 + "real-models-h200-s9-lm-budgets.json", H200 + "real-models-h200-s9-lm-ckpt.json",
+               H200 + "budgets-measured-lm.json", H200 + "budgets-measured-ckpt.json",
+               H200 + "budgets-measured-vision.json")
 BUDGET_DEFAULT = H200 + "real-models-h200-s7.json"  # the default plans' run of the real-model section
 MIB = 1 << 20
 
@@ -284,6 +286,10 @@ def attention_dropout() -> str:
     return "\n".join(lines)
 
 
+def _mib(value: float | None) -> str:
+    return f"{value:.0f}" if value else "-"
+
+
 def _ratio(peak_mib: float, default: dict | None) -> str:
     return f"{peak_mib / default['peak_mib']:.3f}" if default else "-"
 
@@ -307,22 +313,26 @@ def real_model_budgets() -> str:
                 for m, md in _load(BUDGET_DEFAULT)["models"].items()}
     order = {m: i for i, m in enumerate(defaults)}
     lines = _header(["model", "budget", "budget MiB (per graph)", "step ms", "time x compile", "measured MiB",
-                     "predicted MiB", "predicted / measured", "measured / (first) budget", "measured / default's",
-                     "compiles", "file"])
+                     "simulated MiB", "read MiB", "simulated / read", "read / measured", "measured / (first) budget",
+                     "measured / default's", "compiles", "file"])
     for (model, strategy), (r, comp, name) in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1])):
         head = f"| {model} | {strategy.removeprefix('remat ')} |"
         if r.get("status") != "ok":
             why = (r.get("error") or "").split(". Raise")[0].replace("|", "/")
-            lines.append(f"{head} **{r.get('status')}** | {why} | | | | | | | | `{_file(name)}` |")
+            lines.append(f"{head} **{r.get('status')}** | {why} | | | | | | | | | | `{_file(name)}` |")
             continue
         budgets = [b for b in r.get("budget_mib") or [] if b]
-        pred = r["predicted_peak_mib"]
+        sim, read = r.get("simulated_peak_mib"), r.get("read_peak_mib")
         replans = "".join(r["replans"]) if isinstance(r.get("replans"), (list, str)) else ""
-        compiles = replans.split("(")[1].split(" compiles")[0] if "re-plan (" in replans else "1"
+        compiles = re.findall(r"\((\d+) compiles\)", replans)
         over = f"{r['peak_mib'] / budgets[0]:.3f}" if budgets else "-"
+        measured = r["peak_mib"]
+        sim_read = f"{sim / read:.3f}" if sim and read else "-"
+        read_meas = f"{read / measured:.3f}" if read else "-"
         lines.append(f"{head} {' / '.join(f'{b:.0f}' for b in budgets)} | {r['ms']:.2f} | "
-                     f"{r['ms'] / comp['ms']:.3f} | {r['peak_mib']:.0f} | {pred:.0f} | {pred / r['peak_mib']:.3f} | "
-                     f"{over} | {_ratio(r['peak_mib'], defaults.get(model))} | {compiles} | `{_file(name)}` |")
+                     f"{r['ms'] / comp['ms']:.3f} | {measured:.0f} | {_mib(sim)} | {_mib(read)} | {sim_read} | "
+                     f"{read_meas} | {over} | {_ratio(measured, defaults.get(model))} | "
+                     f"{max(compiles, key=int, default='1')} | `{_file(name)}` |")
     lines += ["", f"(NVIDIA H200, torch 2.11, bfloat16; {'; '.join(dates)}; the default plans' measured peaks from "
                   f"`{_file(BUDGET_DEFAULT)}`. Predicted as in the section above; GPT-2 runs as two graphs (a graph "
                   "break before the loss; T5 as four): runs before 2026-12-03 bounded each graph by the budget, "

@@ -106,6 +106,19 @@ def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     return fn(joint, joint_inputs, **kwargs)
 
 
+def static_input(t: Any) -> bool:
+    """Whether Dynamo treats graph input ``t`` as static (a parameter, or a tensor
+    ``torch._dynamo.mark_static_address`` marked, as Dynamo marks module buffers):
+    ``versions.HOOKS["static_input_mark"]``."""
+    import torch
+
+    if isinstance(t, torch.nn.Parameter):
+        return True
+    if not hasattr(torch._dynamo, "mark_static_address"):
+        drift("static_input_mark", "torch._dynamo.mark_static_address")
+    return hasattr(t, "_dynamo_static_input_type")
+
+
 def real_tensors() -> Any:
     """A context in which tensors are real although a fake mode is active (the partition function
     runs under AOTAutograd's): ``unset_fake_temporarily`` (``versions.HOOKS["real_tensors"]``)."""

@@ -127,6 +127,16 @@ HOOKS: dict[str, Hook] = {
         "the budget re-plan: the backward compiled with the forward, so the step's compiled peak is read at once",
         ("torch._functorch.config.force_non_lazy_backward_lowering",), ("remat.compat",), _BOTH, OnDrift.WARN,
         "A plan whose compiled peak misses the budget is not replaced."),
+    "static_input_mark": Hook(
+        "telling a graph's static inputs (parameters, buffers Dynamo marked) from its activations, so that "
+        "a budget's second compile after a measured step holds the former and only the shapes of the latter",
+        ("torch._dynamo.mark_static_address", "Tensor._dynamo_static_input_type"),
+        ("remat.compat", "remat.capture.budget_guard"),
+        ("2.13", "2.14"), OnDrift.WARN,
+        "A buffer is taken for an activation in a budget's second compile: a same-shaped tensor stands in for it "
+        "while compiling, which Inductor may treat as not static.",
+        "Read in the sources of torch 2.13 and 2.14 (mark_static_address sets the attribute); the second compile "
+        "ran on CPU under both backends in tests/capture/test_budget_guard.py."),
     "real_tensors": Hook(
         "measuring the host link for offload with real tensors while AOTAutograd's fake mode is active "
         "(the partition function runs inside it)",

@@ -19,6 +19,10 @@ candidate's, compiled at the next call, and that plan measured in turn; with non
 backward raises ``InfeasibleBudgetError`` naming what was measured: an accepted budget is kept as
 measured, or refused.
 
+Under ``torch.distributed`` with several ranks nothing is measured: each rank would measure
+its own step and might plan again alone, and the ranks' graphs must agree (Note [Ranks agree on
+plans]); the plan read from the compiled graphs decides there, as off CUDA.
+
 The allocator keeps one peak counter per device, which only ``torch.cuda.reset_peak_memory_stats``
 lowers. Each window opens by folding the current peak into every window still open and resetting
 the counter (``PeakWindows``), so windows nest (a later graph's inside an earlier one's) without
@@ -34,6 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .. import compat
 from .measure import _compiled_node
 
 __all__ = ["MEASURED_SLACK", "Meter", "Allocator", "CudaAllocator", "PeakWindows", "BudgetGuard", "meter_for",
@@ -123,11 +128,11 @@ def meter_for(example_inputs: list[Any]) -> Meter | None:
 def lookalike_inputs(example_inputs: list[Any]) -> Callable[[], list[Any]]:
     """What a later compile of the graph needs of its example inputs, without holding the first
     step's activations: parameters and the tensors Dynamo marked static (buffers) themselves,
-    every other tensor as its shape, strides, dtype, device and ``requires_grad``."""
+    every other tensor as its shape, strides, dtype, device and ``requires_grad``
+    (``versions.HOOKS["static_input_mark"]``)."""
     kept: list[Any] = []
     for t in example_inputs:
-        if isinstance(t, torch.Tensor) and not (isinstance(t, torch.nn.Parameter)
-                                                or hasattr(t, "_dynamo_static_input_type")):
+        if isinstance(t, torch.Tensor) and not compat.static_input(t):
             kept.append((tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad))
         else:
             kept.append(t)

@@ -283,7 +283,10 @@ class RematBackend:
             self.plans[k] = replace(self.plans[k], notes=(*self.plans[k].notes, note))
         if k < len(self.plans) and not self.explain_only:  # the inputs it runs for: a recompile adds a plan
             self.plans[k] = replace(self.plans[k], compiled_for=_compiled_for(gm, example_inputs))
-        meter = budget_guard.meter_for(example_inputs) if replans and measure else None
+        # Several ranks would each measure their own step and might plan differently (Note [Ranks
+        # agree on plans]): there the reading alone decides.
+        meter = (budget_guard.meter_for(example_inputs)
+                 if replans and measure and distributed.world_size() <= 1 else None)
         if meter is None or pristine is None or k >= len(self.plans) or self.plans[k].fallback:
             return compiled
         return self._guarded(k, compiled, meter, pristine, budget_guard.lookalike_inputs(example_inputs),

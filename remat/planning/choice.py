@@ -54,7 +54,7 @@ be, when no plan fits it (Note [A budget at eager's peak])."""
 # amount the reading exceeded the prediction (``Attempt.gap``), so the fastest candidate that
 # fits with that correction is compiled. What the model of the step misses on the GPU is mostly
 # code the backend generates whatever is saved (HF GPT-2 on the H200: the logits gradient's
-# buffer and padded matmul copies, +0.6 GiB on each of four plans predicted at 2.13-2.41 GiB), so
+# buffer and padded matmul copies, +0.6 GiB on each of four plans predicted at 2.1 to 2.4 GiB), so
 # a constant correction is what the reading says of the plans not compiled; for a plan smaller
 # than the one read, adding the gap is above scaling by the reading's ratio. If no candidate fits
 # with the correction, ``InfeasibleBudgetError`` is raised at once, naming the reading (an HF

@@ -19,7 +19,8 @@ incompatible change). Top-level keys:
                  ``activation_bytes`` (bytes if everything were saved, null for a fallback;
                  see ``remat.report.totals``), ``recomputed_ops``, ``recompute_flops``,
                  ``recompute_seconds``, ``predicted_peak_bytes``, ``eager_peak_bytes``,
-                 ``peak_floor_bytes``.
+                 ``peak_floor_bytes``, ``measured_peak_bytes`` (0 unless a budget's step was
+                 measured on CUDA).
 ``modules``      the rows of ``plan.summary()``: ``module``, ``blocks``, ``saved``,
                  ``saved_bytes``, ``recomputed``, ``reasons`` (object: reason -> count),
                  ``depth``.
@@ -81,7 +82,8 @@ SCHEMA: dict[str, Any] = {
             "saved_tensors": _INT, "free_saved": _INT, "saved_bytes": _INT, "eager_saved_bytes": _INT,
             "activation_bytes": {"type": ["integer", "null"]}, "recomputed_ops": _INT,
             "recompute_flops": _INT, "recompute_seconds": {"type": "number"},
-            "predicted_peak_bytes": _INT, "eager_peak_bytes": _INT, "peak_floor_bytes": _INT}),
+            "predicted_peak_bytes": _INT, "eager_peak_bytes": _INT, "peak_floor_bytes": _INT,
+            "measured_peak_bytes": _INT}),
         "modules": {"type": "array", "items": _obj({
             "module": _STR, "blocks": _INT, "saved": _INT, "saved_bytes": _INT, "recomputed": _INT,
             "reasons": {"type": "object", "additionalProperties": _INT}, "depth": _INT})},

@@ -67,11 +67,16 @@ class Totals:
     eager_peak_bytes: int
     peak_floor_bytes: int = 0
     """No remat plan for the graph has a smaller predicted peak (``Plan.peak_floor_bytes``)."""
+    measured_peak_bytes: int = 0
+    """The step's peak measured by the CUDA allocator under a budget (``Plan.measured_peak_bytes``)."""
 
     def peak_line(self) -> str:
         """One line on the step's predicted peak, or ``""`` when unknown (several graphs)."""
         if not self.predicted_peak_bytes:
             return ""
+        if self.measured_peak_bytes:
+            return (f"peak: measured {format_bytes(self.measured_peak_bytes)} on a training step by the CUDA "
+                    f"allocator (eager autograd's predicted: {format_bytes(self.eager_peak_bytes)})")
         return (f"peak: predicted {format_bytes(self.predicted_peak_bytes)} for one training step (eager "
                 f"autograd: {format_bytes(self.eager_peak_bytes)}; remat's model puts none of its plans under "
                 f"{format_bytes(self.peak_floor_bytes)})")
@@ -98,4 +103,5 @@ def totals(plan: PlanData) -> Totals:
         predicted_peak_bytes=plan.predicted_peak_bytes,
         eager_peak_bytes=plan.eager_peak_bytes,
         peak_floor_bytes=plan.peak_floor_bytes,
+        measured_peak_bytes=plan.measured_peak_bytes,
     )

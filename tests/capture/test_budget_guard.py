@@ -240,3 +240,13 @@ def test_the_cuda_measurement_is_the_protocols_peak(backend):
     (plan,) = remat.compiled_plans(rm)
     assert plan.peak_model == MEASURED
     assert abs(plan.measured_peak_bytes - peaks[1]) <= 0.02 * peaks[1], (plan.measured_peak_bytes, peaks)
+
+
+def test_a_measured_plan_says_so_in_its_text_and_json(monkeypatch):
+    import json
+
+    model, x = _model()
+    budget = _default_peak(model, x)
+    *_, plan = _train(model, x, 2, Scripted(budget - 1000), monkeypatch, budget)
+    assert f"peak: measured {remat.plan.format_bytes(budget - 1000)} on a training step" in str(plan)
+    assert json.loads(plan.to_json())["totals"]["measured_peak_bytes"] == budget - 1000

@@ -37,13 +37,14 @@ def costs(monkeypatch):
     clock, table = Clock(), {}
     real = measure.TunedGraph
 
-    def tuned_graph(candidates, timer, samples, tolerance, on_decided):
+    def tuned_graph(candidates, timer, samples, tolerance, on_decided, **measuring):
         def slowed(name, run):
             def call(*args):
                 clock.now += table.get(name, table.get("*", 1.0))
                 return run(*args)
             return call
-        return real([(n, slowed(n, r), p) for n, r, p in candidates], clock, samples, tolerance, on_decided)
+        return real([(n, slowed(n, r), p) for n, r, p in candidates], clock, samples, tolerance, on_decided,
+                    **measuring)
 
     monkeypatch.setattr(tuned, "TunedGraph", tuned_graph)
     return table
