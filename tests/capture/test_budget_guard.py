@@ -41,9 +41,9 @@ def _default_peak(model, x) -> int:
     return remat.explain(copy.deepcopy(model), x, backend="eager").predicted_peak_bytes
 
 
-def _train(model, x, steps, meter, monkeypatch, budget):
+def _train(model, x, steps, meter, monkeypatch, budget, backend="eager"):
     monkeypatch.setattr(budget_guard, "meter_for", lambda inputs: meter)
-    rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=budget)
+    rm = remat.checkpoint(copy.deepcopy(model), backend=backend, budget=budget)
     ref = copy.deepcopy(model)
     seen = []
     for _ in range(steps):
@@ -164,19 +164,8 @@ def test_the_measured_re_plan_compiles_through_inductor(monkeypatch):
     model, x = _model()
     budget = remat.explain(copy.deepcopy(model), x).predicted_peak_bytes
     meter = Scripted(int(1.04 * budget), budget - 1000)
-    monkeypatch.setattr(budget_guard, "meter_for", lambda inputs: meter)
-    rm = remat.checkpoint(copy.deepcopy(model), budget=budget)
-    ref = copy.deepcopy(model)
-    keys = []
-    for _ in range(3):
-        for m in (rm, ref):
-            for p in m.parameters():
-                p.grad = None
-            workloads.loss(m(x)).backward()
-        for (k, p), q in zip(rm.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=k)
-        keys.append(remat.compiled_plans(rm)[0].key)
-    plan = remat.compiled_plans(rm)[0]
+    seen = _train(model, x, 3, meter, monkeypatch, budget, backend="inductor")
+    keys, plan = [p.key for p in seen], seen[-1]
     assert keys[0] == keys[1] != keys[2]
     assert plan.compiled_peak_bytes and plan.measured_peak_bytes == budget - 1000
     assert any(n.startswith("budget re-plan on a measured step (2 compiles)") for n in plan.notes)
