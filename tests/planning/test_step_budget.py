@@ -125,3 +125,59 @@ def test_three_graphs_share_the_step_budget():
         budget, budget - p0.saved_bytes, budget - p0.saved_bytes - p1.saved_bytes)
     with pytest.raises(remat.InfeasibleBudgetError, match=r"graph 3 of the step.*the 2 graph\(s\) before it save"):
         _run(base, x, int(0.7 * budget))
+
+
+def test_an_encoder_decoder_keeps_its_budget_as_predicted():
+    # Issue 27 item 5: an HF encoder-decoder (tiny T5: two stacks, cross-attention, relative
+    # position bias, so its attention stays in its math path) under a budget on the uncompiled
+    # backend: the step's measured peak (second step, CPU profiler) is the prediction to the
+    # byte and within the budget. Its softmax backward runs prims.fma through its Python
+    # reference, whose a * b temporary the step peaks on (Note [Eager fma]): before it was
+    # counted, this plan measured 16% above its prediction and 2.6% above its budget.
+    pytest.importorskip("transformers")
+    import zoo
+
+    wl = zoo.build("t5", tiny=True, device="cpu", dtype=torch.float32, no_dropout=True, batch=(8, 128))
+
+    def step(fn):
+        wl.loss(fn, wl.inputs).backward()
+
+    ref = copy.deepcopy(wl.model)
+    step(ref)
+    m = remat.checkpoint(copy.deepcopy(wl.model), backend="eager", budget=0.8)
+    step(m)  # compiles
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+        p.grad = None
+    measured = compat.measure_cpu_peak_bytes(lambda: step(m))
+    (plan,) = remat.compiled_plans(m)
+    assert plan.budget_bytes and plan.predicted_peak_bytes <= plan.budget_bytes
+    assert measured <= plan.budget_bytes, (measured, plan.budget_bytes)
+    assert abs(measured - plan.predicted_peak_bytes) <= 64, (measured, plan.predicted_peak_bytes)
+    assert plan.recomputed  # a plan that recomputes, not eager autograd's
+
+
+@pytest.mark.inductor
+def test_graph_breaks_keep_the_step_budget_under_inductor(setup):
+    # Item 5 on the default backend: the two graphs of TwoStacks compiled by Inductor under the
+    # default plan's measured step peak; the second graph's share is the budget less what the
+    # first saves, and the step keeps the budget as measured (or raises, never silently over).
+    base, x, _ = setup
+    m = remat.checkpoint(copy.deepcopy(base), backend="inductor")
+    m(x).backward()
+    default = compat.measure_cpu_peak_bytes(lambda: m(x).backward())
+    budget = default
+    b = remat.checkpoint(copy.deepcopy(base), backend="inductor", budget=budget)
+    ref = copy.deepcopy(base)
+    b(x).backward()
+    ref(x).backward()
+    for (k, p), q in zip(b.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k, rtol=1e-4, atol=1e-5)
+        p.grad = None
+    measured = compat.measure_cpu_peak_bytes(lambda: b(x).backward())
+    p0, p1 = remat.compiled_plans(b)
+    assert (p0.budget_bytes, p1.budget_bytes) == (budget, budget - p0.saved_bytes)
+    assert measured <= budget * 1.02, (measured, budget)
+    with pytest.raises(remat.InfeasibleBudgetError, match="graph 2 of the step"):
+        c = remat.checkpoint(copy.deepcopy(base), backend="inductor", budget=int(0.7 * default))
+        c(x).backward()
