@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`, `remat`
 import remat  # noqa: E402
 import remat.backends.inductor.backend as inductor_backend  # noqa: E402
-import remat.planning.build_plan as build_plan  # noqa: E402
 import remat.plan_data as plan_data  # noqa: E402
+import remat.planning.build_plan as build_plan  # noqa: E402
 import zoo  # noqa: E402
 from remat.backends.inductor import wrapper_reading  # noqa: E402
 from remat.core import allocations, peak  # noqa: E402
