@@ -101,15 +101,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
 
 def _aten_casts(gm: fx.GraphModule) -> int:
     """Run dtype conversions as ``aten._to_copy`` instead of ``prims.convert_element_type``
-    (Note [Eager fma]
-Inductor decomposes ``_softmax_backward_data`` into ``grad * y``, its sum and
-``prims.fma(-y, sum, grad * y)``. Fused, the ``fma`` is one kernel; run op by op through its Python
-reference it computes ``(a * b) + c``, and ``a * b`` (the size of the softmax) lives next to the
-result. On an attention that stays in its math path (a small HF T5 on CPU, relative position
-bias, budget 0.8) the step peaked there, 16% above the prediction and 2.6% above the accepted
-budget. The simulator counts the product as the op's scratch (``reference_temporary_bytes``).
-
-Note [Eager casts]); returns how many were rewritten. After partitioning: plans are
+    (Note [Eager casts]); returns how many were rewritten. After partitioning: plans are
     unchanged."""
     prim = torch.ops.prims.convert_element_type.default
     rewritten = 0
