@@ -133,7 +133,8 @@ def test_an_encoder_decoder_keeps_its_budget_as_predicted():
     # backend: the step's measured peak (second step, CPU profiler) is the prediction to the
     # byte and within the budget. Its softmax backward runs prims.fma through its Python
     # reference, whose a * b temporary the step peaks on (Note [Eager fma]): before it was
-    # counted, this plan measured 16% above its prediction and 2.6% above its budget.
+    # counted, the plan under budget=0.8 (torch 2.13) measured 16% above its prediction and 2.6%
+    # above its budget.
     pytest.importorskip("transformers")
     import zoo
 
@@ -144,7 +145,11 @@ def test_an_encoder_decoder_keeps_its_budget_as_predicted():
 
     ref = copy.deepcopy(wl.model)
     step(ref)
-    m = remat.checkpoint(copy.deepcopy(wl.model), backend="eager", budget=0.8)
+    default = remat.checkpoint(copy.deepcopy(wl.model), backend="eager")
+    step(default)
+    # Below the default plan's prediction (eager autograd's own peak moves between torch versions).
+    budget = int(0.95 * remat.compiled_plans(default)[0].predicted_peak_bytes)
+    m = remat.checkpoint(copy.deepcopy(wl.model), backend="eager", budget=budget)
     step(m)  # compiles
     for (k, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=k)
