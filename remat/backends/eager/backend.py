@@ -66,6 +66,7 @@ conversion with the same strides. The split forward and backward graphs run the 
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -162,16 +163,12 @@ def reference_temporary_bytes(node: fx.Node) -> int:
     """Bytes of the temporary a prim run through its Python reference allocates while it runs
     (Note [Eager fma]): ``prims.fma(a, b, c)`` is ``(a * b) + c``, so ``a * b`` (the broadcast of
     ``a`` and ``b``, in the result's dtype) exists next to the result."""
-    if op_name(node) != "prims.fma.default" or len(node.args) < 2:  # Inductor's prim (inductor_prims)
+    val = node.meta.get("val")
+    if op_name(node) != "prims.fma.default" or not isinstance(val, torch.Tensor):  # Inductor's prim
         return 0
-    a, b, val = *(x.meta.get("val") if isinstance(x, fx.Node) else x for x in node.args[:2]), node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return 0
-    shapes = [tuple(t.shape) for t in (a, b) if isinstance(t, torch.Tensor)]
-    numel = 1
-    for d in torch.broadcast_shapes(*shapes) if shapes else ():
-        numel *= int(d)
-    return numel * val.element_size()
+    factors = [x.meta.get("val") for x in node.args[:2] if isinstance(x, fx.Node)]
+    shape = torch.broadcast_shapes(*(t.shape for t in factors if isinstance(t, torch.Tensor)))
+    return math.prod(int(d) for d in shape) * val.element_size()
 
 
 def unread_output_bytes(node: fx.Node) -> int:
