@@ -3,6 +3,7 @@ bytes-weighted min-cut over the joint forward+backward graph."""
 
 from .api import checkpoint, compiled_plans, explain, pareto
 from .budget import Budget
+from .chunking import Chunking
 from .capture.dynamo_backend import remat_backend
 from .core.regime import Regime
 from .device import DeviceModel
@@ -21,6 +22,7 @@ __all__ = [
     "Regime",
     "Frontier",
     "Budget",
+    "Chunking",
     "compiled_plans",
     "remat_backend",
     "Options",

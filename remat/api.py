@@ -12,6 +12,7 @@ import torch.nn as nn
 from .capture.dynamo_backend import RematBackend
 from .capture.probe import probe
 from .capture.wrap import backend_of, remat_modules, wrap_function, wrap_module
+from .chunking import Chunking
 from .errors import RematError
 from .options import Options
 from .plan import Frontier, Plan
@@ -45,6 +46,7 @@ def checkpoint(
     device_model: Any = None,
     tune: Any = "auto",
     offload: bool | str = False,
+    chunking: Chunking | None = Chunking(),
 ) -> T:
     """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
 
@@ -61,7 +63,9 @@ def checkpoint(
     smallest within 2% of the fastest (``remat.tuning``; the decision is cached on disk).
     With ``offload`` (``"auto"`` or ``"all"``, ``backend="eager"`` only so far) saved
     activations move to pinned host memory between the forward and the backward, copied on side
-    streams behind compute (``remat.planning.offload``).
+    streams behind compute (``remat.planning.offload``). With ``chunking`` (a ``remat.Chunking``;
+    ``None``: never) a budget may also take a plan that runs a region widening each row (an LM
+    head and its loss) one slice of rows at a time (Note [Row chunks] in ``remat.analysis.rows``).
 
     Warns once if Dynamo breaks the model into several graphs (each is planned on its own),
     and turns off Hugging Face gradient checkpointing flags on the model, with a warning.
@@ -69,7 +73,7 @@ def checkpoint(
     """
     _check_model(model, "checkpoint", "Pass the model itself (remat.checkpoint(model)) or a function of tensors.")
     options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
-                      device_model=device_model, tune=tune, offload=offload)
+                      device_model=device_model, tune=tune, offload=offload, chunking=chunking)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
         return wrap_module(model, rb)  # type: ignore[return-value]

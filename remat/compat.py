@@ -33,6 +33,7 @@ __all__ = [
     "stock_partition",
     "register_backend",
     "no_autograd_cache",
+    "fake_value",
     "default_store",
     "dynamo_config_patch",
     "backward_compiled_now",
@@ -130,6 +131,19 @@ def real_tensors() -> Any:
         drift("real_tensors", "torch._subclasses.fake_tensor.unset_fake_temporarily")
         return contextlib.nullcontext()
     return unset_fake_temporarily()
+
+
+def fake_value(target: Any, args: Any, kwargs: Any, like: Any) -> Any:
+    """The value ``target(*args, **kwargs)`` has when ``args`` hold the fake tensors of a traced
+    graph's ``meta["val"]``, computed in the fake mode ``like`` (one of them) belongs to (a tensor
+    factory has no tensor argument to find it from): ``versions.HOOKS["fake_value"]``."""
+    import contextlib
+
+    mode = getattr(like, "fake_mode", None)
+    if mode is None and type(like).__name__ == "FakeTensor":
+        drift("fake_value", "FakeTensor.fake_mode")
+    with mode if mode is not None else contextlib.nullcontext():
+        return target(*args, **kwargs)
 
 
 def no_autograd_cache() -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 from .backends.base import BACKENDS
 from .budget import Budget, parse_budget
+from .chunking import Chunking
 from .device import DEVICE_MODELS, DeviceModel
 from .errors import RematError
 from .policy import Policy, normalize_policy
@@ -57,7 +58,16 @@ class Options:
     saved activation that can move, hidden or not (the copies' estimated stall is in the plan).
     The uncompiled backend only, so far."""
 
+    chunking: Chunking | None = Chunking()
+    """Regions that widen each row (an LM head and its loss: Note [Row chunks] in
+    ``remat.analysis.rows``) also planned in slices of rows, so that a budget (or ``pareto``) can
+    take a plan that never holds their wide tensors whole: a ``remat.Chunking`` says how they are
+    cut; ``None`` never. The default plan, without a budget, is planned on the graph as captured."""
+
     def __post_init__(self) -> None:
+        if self.chunking is not None and not isinstance(self.chunking, Chunking):
+            raise RematError(f"remat: chunking must be a remat.Chunking or None, got {type(self.chunking).__name__}. "
+                             "Use remat.Chunking(min_rows=..., max_chunks=...), or None to plan the graph unsliced.")
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:
             raise RematError(
                 f"remat: backend must be one of {BACKENDS}, got {self.backend!r}. "

@@ -21,7 +21,7 @@ from typing import Any
 from .units import format_bytes
 
 __all__ = ["Role", "Status", "READ", "MEASURED", "ValueInfo", "NodeFacts", "SavedTensor", "Offloaded", "PlanNode",
-           "Tradeoff", "PlanKey", "PlanData", "FrontierData"]
+           "Tradeoff", "PlanKey", "PlanData", "FrontierData", "RowChunks"]
 
 
 class _Name(str, Enum):
@@ -170,6 +170,26 @@ class Offloaded:
     """The backward op its copy back is issued before."""
 
 
+@dataclass(frozen=True, slots=True)
+class RowChunks:
+    """A region of the joint graph the plan runs one slice of rows at a time (an LM head and its
+    loss, say: Note [Row chunks] in ``remat.analysis.rows``)."""
+
+    seed: str
+    """The widening matmul the region grew from."""
+    rows: int
+    chunks: int
+    ops: int
+    """Ops of the region, each computed once per slice (its copies are named ``<op>_c<k>``)."""
+    wide_bytes: int
+    """Bytes of the region's wide tensors, no longer alive at once."""
+
+    def describe(self) -> str:
+        rows = -(-self.rows // self.chunks)
+        return (f"{self.seed}'s region ({self.ops} ops, {format_bytes(self.wide_bytes)} of wide tensors) "
+                f"in {self.chunks} slices of {rows} rows")
+
+
 PlanKey = tuple[tuple[str, ...], tuple[str, ...]]
 """``PlanData.key``: the sorted names of a plan's saved values, and its recomputed ops' names."""
 
@@ -263,6 +283,9 @@ class PlanData:
     offloaded: tuple[Offloaded, ...] = ()
     """The saved values kept in host memory between the halves (``offload=``); each is also in
     ``saved``. Empty unless offload was asked for and found something to move."""
+    row_chunks: tuple[RowChunks, ...] = ()
+    """The regions this plan's graph runs in slices of rows (``remat.planning.chunking``); empty
+    for the graph as captured."""
 
     def with_compiled_peak(self, peak_bytes: int, where: str = "", caveats: tuple[str, ...] = ()) -> PlanData:
         """This plan with its step's peak read from the compiled graphs (``compiled_peak_bytes``),

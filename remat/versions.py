@@ -146,6 +146,13 @@ HOOKS: dict[str, Hook] = {
         "step cannot hide.",
         "Measured on the H200 (torch 2.11): under the fake mode the rate came out unbounded and 'auto' moved every "
         "movable value of HF Llama (+76% step time); with real tensors, 53 GB/s each way."),
+    "fake_value": Hook(
+        "the shapes of the ops a row-chunked graph adds (slices, slice-sized copies, concatenations), "
+        "computed in the joint graph's fake mode",
+        ("torch._subclasses.fake_tensor.FakeTensor.fake_mode",), ("remat.compat", "remat.planning.chunking"),
+        ("2.11", "2.13", "2.14"), OnDrift.RAISE,
+        "A row-chunked graph's new ops cannot be given shapes; plans cannot chunk rows.",
+        "A tensor factory (full) has no tensor argument, so the mode is taken from a value of the graph."),
     "boxed_codegen": Hook(
         "the uncompiled backend's graphs drop each input after its last use",
         ("torch.fx.graph._BoxedCodeGen", "_boxed_call"), ("remat.compat",), _BOTH, OnDrift.FAILS,

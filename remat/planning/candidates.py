@@ -42,6 +42,8 @@ class Origin(str, enum.Enum):
     """Checkpoint segments: never recomputes through a set of separators."""
     NESTED = "nested"
     """Nested checkpoints: outer checkpoints saved, inner ones recomputed twice."""
+    CHUNKED = "chunked"
+    """The default cut of the graph with its row regions in slices (``remat.planning.chunking``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch.fx as fx
@@ -31,6 +32,7 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
+from .chunking import chunk_rows, chunkable, describe
 from .choice import FIRST, Attempt, above_eager, default_first, within_budget
 from .decisions import Decisions, decisions
 from .offload import offloading_candidates, with_offload
@@ -150,6 +152,10 @@ def plan_joint_graph(
 
     found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.DEFAULT), gm, reanalyze, jg, decided,
                        options, backend, eager)
+    sliced = _chunked_candidates(gm, reanalyze, options, backend, eager, dev)
+    if sliced:  # a sliced graph's plans can go lower than the graph's own floor
+        eager = replace(eager, floor_bytes=min(eager.floor_bytes, min(floor_bytes(c.jg.schedule) for c in sliced)))
+        found = [replace(c, plan=replace(c.plan, peak_floor_bytes=eager.floor_bytes)) for c in (*found, *sliced)]
     found = default_first([_noting_rules(c, decided, jg) for c in found],
                           eager.peak_bytes)  # Note [The default at most eager's peak]
     if options.offload:  # Note [Offload in a plan]
@@ -165,6 +171,27 @@ def plan_joint_graph(
     chosen_jg = chosen.jg or jg
     return Planned(chosen_jg, list(chosen.saved), chosen.plan, frontier,
                    gm=chosen_jg.nodes[0].graph.owning_module if chosen.jg else None)
+
+
+def _chunked_candidates(gm: fx.GraphModule, reanalyze: Callable[[fx.GraphModule], JointGraph], options: Options,
+                        backend: Backend, eager: EagerBaseline, dev: DeviceModel) -> list[Candidate]:
+    """The candidates of ``gm`` rewritten with its row regions in slices (``remat.planning.chunking``,
+    Note [Row chunks]): its own default cut (``Origin.CHUNKED``) and its hull, segment and nested
+    plans, each plan listing the regions (``Plan.row_chunks``). Empty when ``gm`` has none."""
+    regions = chunkable(gm, options.chunking)
+    if not regions:
+        return []
+    sliced = chunk_rows(gm, regions)
+    jg = reanalyze(sliced)
+    decided = decisions(jg, options, backend)
+    sol = _default_cut(jg, decided, dev)
+    plan = replace(build_plan(jg, sol.saved, sol.recomputed, decided, eager), origin=Origin.CHUNKED.value)
+    found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.CHUNKED, jg), sliced, reanalyze, jg,
+                       decided, options, backend, eager)
+    rows = describe(regions)
+    note = "rows in slices: " + "; ".join(r.describe() for r in rows)
+    return [replace(c, jg=c.jg or jg, plan=replace(c.plan, row_chunks=rows, notes=(*c.plan.notes, note)))
+            for c in (_noting_rules(c, decided, jg) for c in found)]
 
 
 def _offloading(planned: Planned, options: Options, dev: DeviceModel) -> Planned:
