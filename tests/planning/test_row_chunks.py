@@ -1,0 +1,259 @@
+"""Row chunks (Note [Row chunks], issue 28 item 4): an LM head and its loss found as one row
+region, the joint graph rewritten to run it slice by slice with the same values, and a budget
+that only such a plan meets kept as measured, with eager's gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import remat
+from remat import compat
+from remat.analysis.rows import SUM, Rows, row_regions
+from remat.backends.eager.backend import decompositions as eager_decompositions
+from remat.planning.chunking import chunk_of, chunk_rows, chunkable
+
+VOCAB, WIDTH = 512, 32
+
+
+class HeadLM(nn.Module):
+    """Embedding, one block, an LM head and cross-entropy on the float logits (as HF models
+    compute it); with ``logits``, the logits are returned too (as HF models do)."""
+
+    def __init__(self, logits: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.norm = nn.LayerNorm(WIDTH)
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.logits, self.dropout = logits, dropout
+
+    def forward(self, ids, labels):
+        h = self.fc(self.norm(self.emb(ids))).relu()
+        logits = self.head(h)
+        if self.dropout:
+            logits = F.dropout(logits, self.dropout)
+        loss = F.cross_entropy(logits.float().view(-1, VOCAB), labels.view(-1))
+        return (loss, logits) if self.logits else loss
+
+
+def _inputs(batch: int = 4, seq: int = 64):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (batch, seq), generator=g), torch.randint(0, VOCAB, (batch, seq), generator=g)
+
+
+def _joint(model: nn.Module, *inputs) -> fx.GraphModule:
+    """The joint graph AOTAutograd hands the partitioner (the uncompiled backend's decompositions)."""
+    captured = {}
+
+    def grab(joint, joint_inputs, **kwargs):
+        captured["gm"] = copy.deepcopy(joint)
+        return compat.default_partition(joint, joint_inputs, **kwargs)
+
+    backend = compat.aot_autograd(fw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),
+                                  bw_compiler=lambda gm, _: compat.make_boxed_func(gm.forward),
+                                  partition_fn=grab, decompositions=eager_decompositions())
+    torch._dynamo.reset()
+    with compat.no_autograd_cache():
+        out = torch.compile(model, backend=backend)(*inputs)
+        (out[0] if isinstance(out, tuple) else out).backward()
+    torch._dynamo.reset()
+    return captured["gm"]
+
+
+def _run(gm: fx.GraphModule, args: list) -> list[torch.Tensor]:
+    return [t for t in compat.tree_leaves(fx.Interpreter(gm).run(*args)) if isinstance(t, torch.Tensor)]
+
+
+def _example_args(gm: fx.GraphModule) -> list:
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for n in gm.graph.find_nodes(op="placeholder"):
+        v = n.meta["val"]
+        out.append(torch.randn(v.shape, generator=g, dtype=v.dtype) if v.dtype.is_floating_point
+                   else torch.randint(0, VOCAB, v.shape, generator=g, dtype=v.dtype))
+    return out
+
+
+@pytest.fixture(scope="module")
+def joint():
+    torch.manual_seed(0)
+    return _joint(HeadLM(logits=True), *_inputs())
+
+
+def test_the_lm_head_and_its_loss_are_one_row_region(joint):
+    (region,) = row_regions(joint)
+    ops = {n.name: n for n in joint.graph.nodes}
+    assert region.rows == 4 * 64
+    assert ops[region.seed].target is torch.ops.aten.mm.default
+    layout = {ops[k]: v for k, v in region.layout.items()}
+    sums = [n for n, v in layout.items() if v is SUM]
+    # the head's weight gradient is the one row sum: mm(grad^T, h) contracts the rows
+    assert [n.target for n in sums] == [torch.ops.aten.mm.default]
+    assert sums[0].meta["val"].shape == (VOCAB, WIDTH)
+    # every [rows, vocab] tensor of the step is in it: forward, log-softmax, and the backward
+    wide = [n for n in joint.graph.nodes if n.op == "call_function" and isinstance(n.meta["val"], torch.Tensor)
+            and tuple(n.meta["val"].shape)[-1:] == (VOCAB,) and n.meta["val"].numel() == 4 * 64 * VOCAB]
+    assert wide and all(n in layout for n in wide)
+    # the logits returned as [batch, seq, vocab]: rows are their first two dims
+    (out_logits,) = [n for n in wide if n.meta["val"].dim() == 3 and not n.name.startswith("tangents")
+                     and any(u.op == "output" for u in n.users)]
+    assert layout[out_logits] == Rows((0, 1))
+    # nothing of the block before the head (its norm, its matmul) is sliced
+    assert not any(n.target is torch.ops.aten.native_layer_norm.default for n in layout)
+
+
+def test_the_sliced_graph_computes_the_same_outputs_and_gradients(joint):
+    regions = [(r, 4) for r in row_regions(joint)]
+    sliced = chunk_rows(joint, regions)
+    args = _example_args(joint)
+    want, got = _run(joint, args), _run(sliced, args)
+    assert len(want) == len(got)
+    for a, b in zip(want, got):  # a row sum adds its slices in another order: float32 rounding apart
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
+    copies = [n for n in sliced.graph.nodes if chunk_of(n)]
+    assert len(copies) == 4 * len(regions[0][0].layout)
+    assert {chunk_of(n)[1] for n in copies} == {0, 1, 2, 3}
+    # slice by slice in each half: all of slice 0's matmuls before slice 1's
+    backward: set[fx.Node] = set()
+    for n in sliced.graph.nodes:
+        if n.name.startswith("tangents") or any(a in backward for a in n.all_input_nodes):
+            backward.add(n)
+    mms = [n for n in sliced.graph.nodes if chunk_of(n) and n.target is torch.ops.aten.mm.default]
+    for half in ([n for n in mms if n not in backward], [n for n in mms if n in backward]):
+        order = [chunk_of(n)[1] for n in half]
+        assert order and order == sorted(order)
+    assert len([n for n in mms if n in backward]) == 2 * 4  # dW's and dh's matmul per slice
+
+
+def test_chunking_counts_slices_by_rows_and_none_turns_it_off(joint):
+    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=64))] == [4]
+    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=16, max_chunks=8))] == [8]
+    assert chunkable(joint, remat.Chunking(min_rows=256)) == []  # one slice: nothing to cut
+    assert chunkable(joint, None) == []
+    with pytest.raises(remat.RematError, match="remat: chunking must be a remat.Chunking"):
+        remat.checkpoint(HeadLM(), chunking=4)
+    with pytest.raises(remat.RematError, match="max_chunks must be an int of at least 2"):
+        remat.Chunking(max_chunks=1)
+
+
+def test_a_random_op_between_head_and_loss_stops_the_region():
+    torch.manual_seed(0)
+    gm = _joint(HeadLM(dropout=0.1), *_inputs())
+    regions = row_regions(gm)
+    names = {n for r in regions for n in r.layout}
+    random = [n.name for n in gm.graph.nodes if n.op == "call_function" and "dropout" in str(n.target)
+              or "bernoulli" in str(n.target) or "rand" in str(n.target)]
+    assert random and not set(random) & names
+
+
+def test_a_narrow_classifier_has_no_row_region():
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    x = torch.randn(256, 32)
+    gm = _joint(lambda x: F.cross_entropy(model(x), torch.zeros(256, dtype=torch.long)), x)
+    assert row_regions(gm) == []
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_a_budget_only_sliced_plans_meet_is_kept_with_eagers_gradients(logits):
+    torch.manual_seed(0)
+    base = HeadLM(logits=logits)
+    ids, labels = _inputs()
+    kw = dict(backend="eager", chunking=remat.Chunking(min_rows=32), tune=False)
+    unsliced = remat.pareto(remat.checkpoint(copy.deepcopy(base), **{**kw, "chunking": None}), ids, labels)
+    smallest = min(p.predicted_peak_bytes for p in unsliced.points)
+    budget = int(smallest * 0.9)  # below every plan of the graph as captured
+    m = remat.checkpoint(copy.deepcopy(base), budget=budget, **kw)
+    ref = copy.deepcopy(base)
+
+    def step(model):  # the measurement protocol: the caller keeps the loss only (HF's ``.loss``)
+        for p in model.parameters():
+            p.grad = None
+        loss = model(ids, labels)[0] if logits else model(ids, labels)
+        loss.backward()
+        return loss
+
+    step(m)
+    measured = compat.measure_cpu_peak_bytes(lambda: step(m))
+    want, got = step(ref), step(m)
+    torch.testing.assert_close(got, want)
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    (plan,) = remat.compiled_plans(m)
+    assert [r.chunks for r in plan.row_chunks] == [8]
+    assert plan.predicted_peak_bytes <= budget
+    assert measured <= budget
+    assert abs(measured - plan.predicted_peak_bytes) <= 64  # the uncompiled backend's model is exact here
+    assert "rows in slices" in str(plan)
+
+
+def test_a_sliced_plan_recomputes_the_head_once_per_slice_under_the_smallest_budget():
+    torch.manual_seed(0)
+    base = HeadLM()
+    ids, labels = _inputs()
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", chunking=remat.Chunking(min_rows=64), tune=False)
+    frontier = remat.pareto(m, ids, labels)
+    sliced = [p for p in frontier.points if p.row_chunks]
+    assert sliced, "no sliced plan on the frontier"
+    smallest = min(sliced, key=lambda p: p.predicted_peak_bytes)
+    counts = smallest.recompute_counts()
+    # the head's matmul of each of the 4 slices, never the whole head
+    head = [n for n in smallest.recomputed if n.startswith(smallest.row_chunks[0].seed + "_c")]
+    assert sorted(head) == [f"{smallest.row_chunks[0].seed}_c{k}" for k in range(4)]
+    assert counts.get("aten.mm.default", 0) >= 4
+
+
+@pytest.mark.inductor
+def test_under_inductor_a_sliced_plan_keeps_its_budget_and_eagers_gradients():
+    torch.manual_seed(0)
+    base = HeadLM()
+    ids, labels = _inputs()
+    kw = dict(chunking=remat.Chunking(min_rows=32), tune=False)
+    default = remat.explain(remat.checkpoint(copy.deepcopy(base), **kw), ids, labels)
+    budget = int(0.7 * default.predicted_peak_bytes)
+    m = remat.checkpoint(copy.deepcopy(base), budget=budget, **kw)
+    ref = copy.deepcopy(base)
+    m(ids, labels).backward()
+    for p in m.parameters():
+        p.grad = None
+    measured = compat.measure_cpu_peak_bytes(lambda: m(ids, labels).backward())
+    ref(ids, labels).backward()
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    (plan,) = remat.compiled_plans(m)
+    assert plan.row_chunks
+    assert measured <= budget
+    assert abs(measured - plan.predicted_peak_bytes) <= 0.02 * measured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_sliced_bf16_plan_keeps_its_budget_and_gradients():
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    base = HeadLM().to(dev, torch.bfloat16)
+    ids, labels = (t.to(dev) for t in _inputs(8, 512))
+    kw = dict(chunking=remat.Chunking(min_rows=256), tune=False)
+    default = remat.explain(remat.checkpoint(copy.deepcopy(base), **kw), ids, labels)
+    budget = int(0.6 * default.predicted_peak_bytes)
+    m = remat.checkpoint(copy.deepcopy(base), budget=budget, **kw)
+    ref = copy.deepcopy(base)
+    m(ids, labels).backward()
+    for p in m.parameters():
+        p.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    m(ids, labels).backward()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before
+    ref(ids, labels).backward()
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.float(), q.grad.float(), rtol=2e-2, atol=2e-2, msg=k)
+    (plan,) = remat.compiled_plans(m)
+    assert plan.row_chunks
+    assert measured <= budget * 1.02
