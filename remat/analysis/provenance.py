@@ -30,7 +30,12 @@ def module_path(node: fx.Node) -> str:
 
 def block_of(node: fx.Node) -> str | None:
     """The repeated block an op belongs to: its module path up to the first numeric component
-    (``layers.3.attn`` -> ``layers.3``, ``0.fc1`` -> ``0``); None outside indexed blocks."""
+    (``layers.3.attn`` -> ``layers.3``, ``0.fc1`` -> ``0``); None outside indexed blocks. An op a
+    row-chunked graph computes for one slice (``remat.analysis.rows.chunk_of``) belongs to that
+    slice: ``<seed>[k]``."""
+    part = node.meta.get("remat_row_chunk")
+    if part is not None:
+        return f"{part[0]}[{part[1]}]"
     parts = module_path(node).split(".")
     for k, part in enumerate(parts):
         if part.isdigit():

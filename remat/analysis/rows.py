@@ -40,7 +40,18 @@ import torch.fx as fx
 
 from .ops import RANDOM_OPS, op_name
 
-__all__ = ["Rows", "SUM", "BROADCAST", "FACTORY", "Layout", "Region", "row_regions", "WIDENING", "WIDE"]
+__all__ = ["Rows", "SUM", "BROADCAST", "FACTORY", "Layout", "Region", "row_regions", "WIDENING", "WIDE", "CHUNK_OF",
+           "chunk_of"]
+
+CHUNK_OF = "remat_row_chunk"
+"""``node.meta`` key of an op a row-chunked graph computes for one slice (``remat.planning.chunking``):
+``(seed, k)``, its region's widening matmul and the slice."""
+
+
+def chunk_of(node: fx.Node) -> tuple[str, int] | None:
+    """The region and slice ``node`` computes a part of (``CHUNK_OF``), or None."""
+    return node.meta.get(CHUNK_OF)
+
 
 WIDENING = 8
 """A matmul widens rows when its output row has at least this many times its input row's bytes

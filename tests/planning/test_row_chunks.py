@@ -16,7 +16,8 @@ import remat
 from remat import compat
 from remat.analysis.rows import SUM, Rows, row_regions
 from remat.backends.eager.backend import decompositions as eager_decompositions
-from remat.planning.chunking import chunk_of, chunk_rows, chunkable
+from remat.analysis.rows import chunk_of
+from remat.planning.chunking import chunk_rows, chunkable
 
 VOCAB, WIDTH = 512, 32
 
@@ -124,11 +125,14 @@ def test_the_sliced_graph_computes_the_same_outputs_and_gradients(joint):
     for n in sliced.graph.nodes:
         if n.name.startswith("tangents") or any(a in backward for a in n.all_input_nodes):
             backward.add(n)
-    mms = [n for n in sliced.graph.nodes if chunk_of(n) and n.target is torch.ops.aten.mm.default]
+    mms = [n for n in sliced.graph.nodes if chunk_of(n)
+           and n.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)]
     for half in ([n for n in mms if n not in backward], [n for n in mms if n in backward]):
         order = [chunk_of(n)[1] for n in half]
         assert order and order == sorted(order)
-    assert len([n for n in mms if n in backward]) == 2 * 4  # dW's and dh's matmul per slice
+    # per slice, dh's matmul and dW's, the latter adding to the slices before it (Note [Row sums of matmuls])
+    assert len([n for n in mms if n in backward]) == 2 * 4
+    assert len([n for n in mms if n.target is torch.ops.aten.addmm.default]) == 3
 
 
 def test_chunking_counts_slices_by_rows_and_none_turns_it_off(joint):

@@ -18,6 +18,7 @@ from ...analysis import cost
 from ...analysis.op_facts import op_facts, tensor_inputs, view_root
 from ...analysis.ops import CAST_OPS, op_name, packet
 from ...analysis.provenance import block_of
+from ...analysis.rows import chunk_of
 from ...compat import OpOverload
 from ...versions import drift
 from ..base import INDEX_SOURCE
@@ -151,14 +152,20 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     two ResNet blocks). Measured on an H200 (bf16, one process, interleaved,
     ``benchmarks/variant_probe.py``; ``versions.HOOKS["extern_separated_blocks"]``): without the
     tags ResNet-50 stepped 24.96 ms against 25.55 with them (torch.compile 24.62) and GPT-2 27.09
-    against 27.17; the measured peaks did not move (3112 / 3109 MiB, 4340 / 4340 MiB)."""
+    against 27.17; the measured peaks did not move (3112 / 3109 MiB, 4340 / 4340 MiB).
+
+    The slices of a row-chunked region (Note [Row chunks] in ``remat.analysis.rows``) are always
+    kept apart: each runs a matmul, but the sum of their weight-gradient parts is a chain of adds
+    that Inductor would fuse into one kernel reading every slice's part, all of them alive until
+    the last slice."""
     blocks = [block_of(n) if n.op == "call_function" else None for n in nodes]
+    sliced = {n for n in nodes if chunk_of(n) is not None}
     separated: dict[str, bool] = {}
     for n, b in zip(nodes, blocks):
-        if b is not None:
+        if b is not None and n not in sliced:
             separated[b] = separated.get(b, False) or _runs_extern(n)
     if separated and all(separated.values()):
-        return tuple(None for _ in nodes)
+        return tuple(b if n in sliced else None for n, b in zip(nodes, blocks))
     return tuple(blocks)
 
 
