@@ -3,8 +3,8 @@ bytes-weighted min-cut over the joint forward+backward graph."""
 
 from .api import checkpoint, compiled_plans, explain, pareto
 from .budget import Budget
-from .chunking import Chunking
 from .capture.dynamo_backend import remat_backend
+from .chunking import Chunking
 from .core.regime import Regime
 from .device import DeviceModel
 from .errors import InfeasibleBudgetError, PlanningError, PolicyError, RematError

@@ -12,7 +12,7 @@ import torch.nn as nn
 from .capture.dynamo_backend import RematBackend
 from .capture.probe import probe
 from .capture.wrap import backend_of, remat_modules, wrap_function, wrap_module
-from .chunking import Chunking
+from .chunking import DEFAULT_CHUNKING, Chunking
 from .errors import RematError
 from .options import Options
 from .plan import Frontier, Plan
@@ -46,7 +46,7 @@ def checkpoint(
     device_model: Any = None,
     tune: Any = "auto",
     offload: bool | str = False,
-    chunking: Chunking | None = Chunking(),
+    chunking: Chunking | None = DEFAULT_CHUNKING,
 ) -> T:
     """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
 

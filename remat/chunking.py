@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .errors import RematError
 
-__all__ = ["Chunking"]
+__all__ = ["Chunking", "DEFAULT_CHUNKING"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,3 +30,7 @@ class Chunking:
     def count(self, rows: int) -> int:
         """How many slices ``rows`` rows are cut into (1: not cut)."""
         return max(1, min(self.max_chunks, rows // self.min_rows))
+
+
+DEFAULT_CHUNKING = Chunking()
+"""The ``chunking`` option's default."""

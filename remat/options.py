@@ -7,7 +7,7 @@ from typing import Any
 
 from .backends.base import BACKENDS
 from .budget import Budget, parse_budget
-from .chunking import Chunking
+from .chunking import DEFAULT_CHUNKING, Chunking
 from .device import DEVICE_MODELS, DeviceModel
 from .errors import RematError
 from .policy import Policy, normalize_policy
@@ -58,7 +58,7 @@ class Options:
     saved activation that can move, hidden or not (the copies' estimated stall is in the plan).
     The uncompiled backend only, so far."""
 
-    chunking: Chunking | None = Chunking()
+    chunking: Chunking | None = DEFAULT_CHUNKING
     """Regions that widen each row (an LM head and its loss: Note [Row chunks] in
     ``remat.analysis.rows``) also planned in slices of rows, so that a budget (or ``pareto``) can
     take a plan that never holds their wide tensors whole: a ``remat.Chunking`` says how they are

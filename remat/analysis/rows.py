@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from ..compat import OpOverload
 from .ops import RANDOM_OPS, op_name
 
 __all__ = ["Rows", "SUM", "BROADCAST", "FACTORY", "Layout", "Region", "row_regions", "WIDENING", "WIDE", "CHUNK_OF",
@@ -103,6 +104,8 @@ class Region:
     (``Rows`` for a row input, ``BROADCAST`` for a whole one), by input name."""
     wide_bytes: int
     """Bytes of the region's wide tensors (what no longer lives at once)."""
+    wide: frozenset[str] = frozenset()
+    """The names of its wide tensors."""
 
 
 def _shape(n: object) -> tuple[int, ...] | None:
@@ -354,7 +357,7 @@ def _rule(n: fx.Node):
     name = op_name(n)
     if n.op != "call_function" or name in RANDOM_OPS or _shape(n) is None:
         return None
-    if isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags:
+    if isinstance(n.target, OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags:
         return None
     if name in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"):
         return _view
@@ -373,7 +376,7 @@ def _rule(n: fx.Node):
     if name in _IDENTITY or name == "aten.expand.default":
         return _elementwise
     target = n.target
-    if isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags:
+    if isinstance(target, OpOverload) and torch.Tag.pointwise in target.tags:
         return _elementwise
     return None
 
@@ -501,7 +504,11 @@ def row_regions(gm: fx.GraphModule) -> list[Region]:
         wide_row = WIDE * _nbytes(a) / rows
         region = _grow(seed, known, assigned, wide_row) - taken
         region = {n for n in region if n in assigned}
-        if len(region) < 2:
+        # a region whose wide tensors all leave it (a weight gradient's matmul and its views) has
+        # nothing to keep from living whole
+        inside = [n for n in region if isinstance(assigned[n][n], Rows) and _nbytes(n) >= wide_row * rows
+                  and all(u in region for u in n.users)]
+        if not inside:
             continue
         taken |= region
         order = [n for n in gm.graph.nodes if n in region]
@@ -512,6 +519,7 @@ def row_regions(gm: fx.GraphModule) -> list[Region]:
             inputs=inputs,
             wide_bytes=sum(_nbytes(n) for n in order if isinstance(assigned[n][n], Rows)
                            and _nbytes(n) >= wide_row * rows),
+            wide=frozenset(n.name for n in order if isinstance(assigned[n][n], Rows) and _nbytes(n) >= wide_row * rows),
         ))
     return out
 

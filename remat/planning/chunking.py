@@ -57,6 +57,15 @@ def _shape(n: fx.Node) -> tuple[int, ...]:
     return tuple(n.meta["val"].shape)
 
 
+# Note [Wide outputs computed whole]
+# A wide tensor the forward returns (an HF model's logits, beside its loss) must exist whole.
+# Concatenated from the slices, it would be alive twice at the end of the forward: every slice
+# (the concatenation reads them all) and the result. So the forward computes it a second time,
+# whole, as the graph as captured did (the head's matmul from the whole hidden states), and the
+# slices feed the loss and the backward alone: one more matmul in the forward, against a
+# logits-sized buffer less at the forward's peak (HF Llama at 87,552 tokens: 5.3 GiB).
+
+
 # Note [Row sums of matmuls]
 # A matmul that contracts the rows (the head's weight gradient, ``grad^T @ h``) is summed over the
 # slices as a chain of ``addmm``: slice k adds its product to the sum of slices before it, in one
@@ -105,7 +114,7 @@ class _Builder:
         node = self.graph.create_node("call_function", target, args, kwargs, name=name)
         if meta_from is not None:
             node.meta = {k: v for k, v in meta_from.meta.items() if k not in ("val", "tensor_meta")}
-        node.meta["val"] = compat.fake_value(target, vals[0], vals[1], self.like)
+        node.meta["val"] = compat.fake_value(target, vals[0], vals[1], self.like)  # versions.HOOKS["fake_value"]
         self.key[node] = key
         return node
 
@@ -203,7 +212,16 @@ class _Builder:
             args[1] = _flat_dim(n.args[1] % len(_shape(x)), lin)
         elif name == "aten.squeeze.dims":
             args[1] = sorted({_flat_dim(d % len(_shape(x)), lin) for d in n.args[1]})
-        if lay is SUM and name == "aten.mm.default" and k > 0:  # Note [Row sums of matmuls]
+        if lay is SUM and name == "aten.mm.default" and k > 0:  # Note [Wide outputs computed whole]
+# A wide tensor the forward returns (an HF model's logits, beside its loss) must exist whole.
+# Concatenated from the slices, it would be alive twice at the end of the forward: every slice
+# (the concatenation reads them all) and the result. So the forward computes it a second time,
+# whole, as the graph as captured did (the head's matmul from the whole hidden states), and the
+# slices feed the loss and the backward alone: one more matmul in the forward, against a
+# logits-sized buffer less at the forward's peak (HF Llama at 87,552 tokens: 5.3 GiB).
+
+
+# Note [Row sums of matmuls]
             target, args = torch.ops.aten.addmm.default, [self.copies[(n, k - 1)], *args]
         node = self._add(target, tuple(args), kwargs, f"{n.name}_c{k}", self._half_key(n, k, self.pos[n]), n)
         node.meta[CHUNK_OF] = (r.seed, k)
@@ -246,6 +264,17 @@ class _Builder:
                             (self.anchor[(r.seed, n in self.backward)], 2, self.pos[n], 1), n)
         return cat
 
+    def _whole(self, n: fx.Node) -> fx.Node:
+        """``n`` computed whole, as the graph as captured computes it, from the region's inputs:
+        a wide forward output (Note [Wide outputs computed whole])."""
+        if n not in self.member:
+            return self.env[n]
+        if n not in self.env:
+            new = self.graph.node_copy(n, self._whole)
+            self.env[n] = new
+            self.key[new] = (self.pos[n], 0, 0)
+        return self.env[n]
+
     def _sum_exit(self, n: fx.Node, parts: list[fx.Node]) -> fx.Node:
         dtype = n.meta["val"].dtype
         wider = dtype in (torch.bfloat16, torch.float16)
@@ -283,7 +312,8 @@ class _Builder:
                 continue
             for a in n.all_input_nodes:
                 if a in pending and a not in self.env:
-                    self.env[a] = self._exit(a, *pending[a])
+                    wide = a.name in pending[a][0].wide and n.op == "output" and a not in self.backward
+                    self.env[a] = self._whole(a) if wide else self._exit(a, *pending[a])
             new = self.graph.node_copy(n, lambda a: self.env[a])
             self.env[n] = new
             self.key[new] = (self.pos[n], 0, 0)

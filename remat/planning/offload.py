@@ -36,8 +36,8 @@ each candidate saves is offloaded as ``mode`` says), not value by value.
 from __future__ import annotations
 
 import time
-from itertools import accumulate
 from dataclasses import replace
+from itertools import accumulate
 
 import torch
 

@@ -32,8 +32,9 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
-from .chunking import chunk_rows, chunkable, describe
 from .choice import FIRST, Attempt, above_eager, default_first, within_budget
+from .chunking import chunk_rows, chunkable
+from .chunking import describe as describe_chunks
 from .decisions import Decisions, decisions
 from .offload import offloading_candidates, with_offload
 
@@ -188,7 +189,7 @@ def _chunked_candidates(gm: fx.GraphModule, reanalyze: Callable[[fx.GraphModule]
     plan = replace(build_plan(jg, sol.saved, sol.recomputed, decided, eager), origin=Origin.CHUNKED.value)
     found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.CHUNKED, jg), sliced, reanalyze, jg,
                        decided, options, backend, eager)
-    rows = describe(regions)
+    rows = describe_chunks(regions)
     note = "rows in slices: " + "; ".join(r.describe() for r in rows)
     return [replace(c, jg=c.jg or jg, plan=replace(c.plan, row_chunks=rows, notes=(*c.plan.notes, note)))
             for c in (_noting_rules(c, decided, jg) for c in found)]

@@ -20,10 +20,9 @@ from remat.core.solver import ConflictError, Problem
 from remat.plan import Plan, SavedTensor
 from remat.plan_data import PlanData
 from remat.planning.candidates import Candidate
+from remat.planning.choice import EAGER_PEAK_SLACK, Attempt, choose, default_first
 from remat.planning.measured import measured_picks
 from remat.planning.planner import RECOMPUTES_RULED
-from remat.planning.choice import EAGER_PEAK_SLACK, Attempt, choose, default_first
-from remat.units import format_bytes
 from zoo import workloads
 from zoo.small import MODELS as SMALL
 

@@ -14,9 +14,8 @@ import torch.nn.functional as F
 
 import remat
 from remat import compat
-from remat.analysis.rows import SUM, Rows, row_regions
+from remat.analysis.rows import SUM, Rows, chunk_of, row_regions
 from remat.backends.eager.backend import decompositions as eager_decompositions
-from remat.analysis.rows import chunk_of
 from remat.planning.chunking import chunk_rows, chunkable
 
 VOCAB, WIDTH = 512, 32
