@@ -36,6 +36,8 @@ __all__ = [
     "fake_value",
     "default_store",
     "dynamo_config_patch",
+    "logging_in_graph",
+    "LOG_METHODS",
     "backward_compiled_now",
     "size_hint",
     "graph_break",
@@ -177,6 +179,36 @@ def dynamo_config_patch(**changes: Any) -> Any:
     import torch._dynamo
 
     return torch._dynamo.config.patch(**changes)
+
+
+LOG_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
+"""The ``logging.Logger`` methods a compiled call skips, and those a library adds under these names
+(``warning_once``, ``info_once``): Note [Logging does not split the graph]."""
+
+
+def logging_in_graph() -> Any:
+    """A context in which Dynamo traces through calls of ``logging.Logger``'s methods (``LOG_METHODS``,
+    those present when it is entered) instead of breaking the graph at them; the calls are skipped
+    (``versions.HOOKS["ignore_logging"]``).
+
+    Note [Logging does not split the graph]: Dynamo breaks the graph at a logger's method, and HF
+    GPT-2 (transformers 5.x) logs a ``warning_once`` in its loss: the loss became a graph of its
+    own, whose input, the logits, the first graph's backward waited for whole, so no plan could
+    slice the LM head and its loss together (Note [Row chunks] in ``remat.analysis.rows``) and the
+    tensors crossing the break stayed alive. Logging computes nothing the step needs, so a wrapped
+    model's calls run with these methods ignored: the graph stays whole, and a message logged
+    inside the compiled region is not printed (as ``torch.export`` treats it)."""
+    import contextlib
+    import logging
+
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    if not hasattr(config, "ignore_logger_methods"):
+        drift("ignore_logging", "torch._dynamo.config.ignore_logger_methods")
+        return contextlib.nullcontext()
+    methods = {v for k, v in vars(logging.Logger).items() if callable(v) and k.split("_")[0] in LOG_METHODS}
+    return config.patch(ignore_logger_methods=set(config.ignore_logger_methods) | methods)
 
 
 def active_ddp_module() -> Any:

@@ -220,6 +220,13 @@ HOOKS: dict[str, Hook] = {
         "Dynamo's settings remat changes for a call (optimize_ddp while explaining a DDP model)",
         ("torch._dynamo.config.patch", "torch._dynamo.config.optimize_ddp"),
         ("remat.compat", "remat.distributed"), _BOTH, OnDrift.FAILS, "explaining a DDP model fails."),
+    "ignore_logging": Hook(
+        "a wrapped model's logger calls traced through instead of splitting its graph (Note [Logging does not split "
+        "the graph])",
+        ("torch._dynamo.config.ignore_logger_methods",), ("remat.compat", "remat.capture.wrap"),
+        ("2.11", "2.13", "2.14"), OnDrift.WARN,
+        "A logger call in the model splits its graph again (HF GPT-2's loss becomes a graph of its own).",
+        "Named ignore_logging_functions from 2.13 on, with ignore_logger_methods kept as its alias."),
     "default_store": Hook(
         "the default process group's key-value store (ranks agree on plans)",
         ("torch.distributed.distributed_c10d._get_default_store",), ("remat.compat",), ("2.13",), OnDrift.FAILS,

@@ -56,8 +56,8 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with quiet_fake_tensor_errors():
+        try:  # logger calls do not split the graph: versions.HOOKS["ignore_logging"]
+            with quiet_fake_tensor_errors(), compat.logging_in_graph():
                 return fn(*args, **kwargs)
         except RematError:
             raise
