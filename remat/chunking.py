@@ -18,18 +18,24 @@ class Chunking:
     min_rows: int = 1024
     """A slice holds at least this many rows: narrower slices make the widening matmul's slices
     small enough to lose speed on a GPU (a 1,024 x 1,024 x 32,000 matmul still runs near peak)."""
-    max_chunks: int = 16
-    """At most this many slices per region (each is a copy of the region's ops to compile)."""
+    slice_bytes: int = 256 * 2**20
+    """Slices are made until the region's widest tensor (an LM head's float32 log-probabilities)
+    is at most this many bytes a slice, within ``min_rows`` and ``max_chunks``: HF Llama's 16,384
+    tokens make 8 slices, 87,552 tokens 32."""
+    max_chunks: int = 32
+    """At most this many slices per region (each is a copy of the region's ops to plan and compile)."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.min_rows, int) and self.min_rows >= 1):
-            raise RematError(f"remat: Chunking.min_rows must be a positive int, got {self.min_rows!r}.")
-        if not (isinstance(self.max_chunks, int) and self.max_chunks >= 2):
-            raise RematError(f"remat: Chunking.max_chunks must be an int of at least 2, got {self.max_chunks!r}.")
+        for name, least in (("min_rows", 1), ("slice_bytes", 1), ("max_chunks", 2)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+                raise RematError(f"remat: Chunking.{name} must be an int of at least {least}, got {value!r}.")
 
-    def count(self, rows: int) -> int:
-        """How many slices ``rows`` rows are cut into (1: not cut)."""
-        return max(1, min(self.max_chunks, rows // self.min_rows))
+    def count(self, rows: int, widest_bytes: int) -> int:
+        """How many slices ``rows`` rows are cut into when the region's widest tensor has
+        ``widest_bytes`` (1: not cut)."""
+        wanted = -(-widest_bytes // self.slice_bytes)
+        return max(1, min(self.max_chunks, rows // self.min_rows, max(wanted, 2)))
 
 
 DEFAULT_CHUNKING = Chunking()

@@ -106,6 +106,8 @@ class Region:
     """Bytes of the region's wide tensors (what no longer lives at once)."""
     wide: frozenset[str] = frozenset()
     """The names of its wide tensors."""
+    widest_bytes: int = 0
+    """Bytes of its largest wide tensor."""
 
 
 def _shape(n: object) -> tuple[int, ...] | None:
@@ -520,6 +522,7 @@ def row_regions(gm: fx.GraphModule) -> list[Region]:
             wide_bytes=sum(_nbytes(n) for n in order if isinstance(assigned[n][n], Rows)
                            and _nbytes(n) >= wide_row * rows),
             wide=frozenset(n.name for n in order if isinstance(assigned[n][n], Rows) and _nbytes(n) >= wide_row * rows),
+            widest_bytes=max((_nbytes(n) for n in order if isinstance(assigned[n][n], Rows)), default=0),
         ))
     return out
 

@@ -37,7 +37,7 @@ def chunkable(gm: fx.GraphModule, chunking: Chunking | None) -> list[tuple[Regio
     worth cutting (or ``chunking`` is None)."""
     if chunking is None:
         return []
-    return [(r, k) for r in row_regions(gm) if (k := chunking.count(r.rows)) >= 2]
+    return [(r, k) for r in row_regions(gm) if (k := chunking.count(r.rows, r.widest_bytes)) >= 2]
 
 
 def _flat_dim(d: int, rows: Rows) -> int:

@@ -134,14 +134,19 @@ def test_the_sliced_graph_computes_the_same_outputs_and_gradients(joint):
     assert len([n for n in mms if n.target is torch.ops.aten.addmm.default]) == 3
 
 
-def test_chunking_counts_slices_by_rows_and_none_turns_it_off(joint):
-    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=64))] == [4]
-    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=16, max_chunks=8))] == [8]
+def test_chunking_counts_slices_by_bytes_within_rows_and_none_turns_it_off(joint):
+    (region,) = row_regions(joint)
+    assert region.widest_bytes == 4 * 64 * VOCAB * 4  # the float32 log-probabilities
+    small = -(-region.widest_bytes // 6)  # 6 slices wanted
+    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=16, slice_bytes=small))] == [6]
+    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=64, slice_bytes=small))] == [4]  # rows bound it
+    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=1, slice_bytes=1, max_chunks=8))] == [8]
+    assert [k for _, k in chunkable(joint, remat.Chunking(min_rows=16))] == [2]  # already small: two at least
     assert chunkable(joint, remat.Chunking(min_rows=256)) == []  # one slice: nothing to cut
     assert chunkable(joint, None) == []
     with pytest.raises(remat.RematError, match="remat: chunking must be a remat.Chunking"):
         remat.checkpoint(HeadLM(), chunking=4)
-    with pytest.raises(remat.RematError, match="max_chunks must be an int of at least 2"):
+    with pytest.raises(remat.RematError, match="max_chunks must be an int of at least 2, got 1"):
         remat.Chunking(max_chunks=1)
 
 
@@ -167,7 +172,7 @@ def test_a_budget_only_sliced_plans_meet_is_kept_with_eagers_gradients(logits):
     torch.manual_seed(0)
     base = HeadLM(logits=logits)
     ids, labels = _inputs()
-    kw = dict(backend="eager", chunking=remat.Chunking(min_rows=32), tune=False)
+    kw = dict(backend="eager", chunking=remat.Chunking(min_rows=32, slice_bytes=1), tune=False)
     unsliced = remat.pareto(remat.checkpoint(copy.deepcopy(base), **{**kw, "chunking": None}), ids, labels)
     smallest = min(p.predicted_peak_bytes for p in unsliced.points)
     budget = int(smallest * 0.9)  # below every plan of the graph as captured
@@ -199,7 +204,8 @@ def test_a_sliced_plan_recomputes_the_head_once_per_slice_under_the_smallest_bud
     torch.manual_seed(0)
     base = HeadLM()
     ids, labels = _inputs()
-    m = remat.checkpoint(copy.deepcopy(base), backend="eager", chunking=remat.Chunking(min_rows=64), tune=False)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", chunking=remat.Chunking(min_rows=64, slice_bytes=1),
+                         tune=False)
     frontier = remat.pareto(m, ids, labels)
     sliced = [p for p in frontier.points if p.row_chunks]
     assert sliced, "no sliced plan on the frontier"
@@ -216,7 +222,7 @@ def test_under_inductor_a_sliced_plan_keeps_its_budget_and_eagers_gradients():
     torch.manual_seed(0)
     base = HeadLM()
     ids, labels = _inputs()
-    kw = dict(chunking=remat.Chunking(min_rows=32), tune=False)
+    kw = dict(chunking=remat.Chunking(min_rows=32, slice_bytes=1), tune=False)
     default = remat.explain(remat.checkpoint(copy.deepcopy(base), **kw), ids, labels)
     budget = int(0.7 * default.predicted_peak_bytes)
     m = remat.checkpoint(copy.deepcopy(base), budget=budget, **kw)
@@ -240,7 +246,7 @@ def test_on_cuda_a_sliced_bf16_plan_keeps_its_budget_and_gradients():
     dev = torch.device("cuda")
     base = HeadLM().to(dev, torch.bfloat16)
     ids, labels = (t.to(dev) for t in _inputs(8, 512))
-    kw = dict(chunking=remat.Chunking(min_rows=256), tune=False)
+    kw = dict(chunking=remat.Chunking(min_rows=256, slice_bytes=1), tune=False)
     default = remat.explain(remat.checkpoint(copy.deepcopy(base), **kw), ids, labels)
     budget = int(0.6 * default.predicted_peak_bytes)
     m = remat.checkpoint(copy.deepcopy(base), budget=budget, **kw)
