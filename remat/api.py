@@ -59,9 +59,10 @@ def checkpoint(
     With ``tune`` (``"auto"``: on CUDA) the first training steps measure the plan prediction
     chose against a smaller frontier plan and torch.compile's own partition, and keep the
     smallest within 2% of the fastest (``remat.tuning``; the decision is cached on disk).
-    With ``offload`` (``"auto"`` or ``"all"``, ``backend="eager"`` only so far) saved
-    activations move to pinned host memory between the forward and the backward, copied on side
-    streams behind compute (``remat.planning.offload``).
+    With ``offload`` (``"auto"`` or ``"all"``, either backend) saved activations move to pinned
+    host memory between the forward and the backward, copied on side streams behind compute
+    (``remat.planning.offload``; under Inductor the copies are compiled in place, Note [Offload
+    copies] in ``remat.capture.offload_pass``).
 
     Warns once if Dynamo breaks the model into several graphs (each is planned on its own),
     and turns off Hugging Face gradient checkpointing flags on the model, with a warning.

@@ -310,7 +310,7 @@ class PlanData:
 
     @property
     def offload_stall_seconds(self) -> float:
-        """How long the backward is estimated to wait for offloaded values' copies back."""
+        """How long the step is estimated to wait for offloaded values' copies (``Offloaded.stall_seconds``)."""
         return sum(o.stall_seconds for o in self.offloaded)
 
     @property

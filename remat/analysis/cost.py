@@ -138,8 +138,8 @@ def run_seconds(node: fx.Node, dev: DeviceModel) -> float:
     """Roofline time of running ``node`` as its own kernel (the uncompiled backend runs every op
     so): its FLOPs at the matmul rate for a matmul, convolution or attention and at the vector
     rate otherwise, or reading its inputs and writing its output, whichever is longer; 0 for a
-    placeholder or a getitem (views, which own no storage, are zeroed by the caller). The step's timeline for hiding offload copies
-    (``remat.planning.offload``)."""
+    placeholder or a getitem (views, which own no storage, are zeroed by the caller). The step's
+    timeline for hiding offload copies (``remat.planning.offload``)."""
     if node.op != "call_function" or node.target is operator.getitem:
         return 0.0
     name = str(node.target)

@@ -7,15 +7,28 @@ forward output (the caller holds those anyway), no other saved value is a view o
 backward reads it. Its copy out may start when the last forward op reading its storage ends;
 its copy back must end before the first backward op reading it starts. The step's timeline is
 the plan's own op order (``remat.core.peak.op_order``), each op estimated as a kernel of its own
-(``remat.analysis.cost.run_seconds``: the uncompiled backend runs them so), and the copies are
-timed on it by ``remat.core.offload`` (Note [Offload timeline]) over the host link
-(``host_link``: measured once per CUDA device). ``"auto"`` keeps the values whose copies the
-step hides (``offload.hidden``); ``"all"`` every value that can move (``offload.schedule``, its
-stall in the plan). The partitioned backward can only issue a copy back once it runs, so a
+(``remat.analysis.cost.run_seconds``: the uncompiled backend runs them so) or, where the step is
+compiled (``StepModel.compiled``: Inductor), as a matmul, convolution or attention kernel alone
+and every other op at the vector rate with no memory traffic (``cost.fused_seconds``). That is
+an approximation: Inductor's step model knows which values its kernels store but not how long
+its kernels run, and the fused estimate is a lower bound (a fused kernel still reads what it
+loads and writes what it stores), so under Inductor the timeline hides fewer copies than run.
+The copies are timed on it by ``remat.core.offload`` (Note [Offload timeline]) over the host
+link (``host_link``: measured once per CUDA device). ``"auto"`` keeps the values whose copies
+the step hides (``offload.hidden``); ``"all"`` every value that can move (``offload.schedule``,
+its stall in the plan). The partitioned backward can only issue a copy back once it runs, so a
 copy back the timeline starts in the forward's tail starts at the backward's first op: under
 ``"auto"`` such a value is not offloaded, under ``"all"`` it is, and the stall is re-timed.
 The plan's peak is simulated with each offloaded value's device copy freed when its copy out
 is issued and allocated again when its copy back starts (``peak.simulate``'s ``offload``).
+
+Compiled, the device copy is held until its copy out is done (Note [Offload copies]): it is
+released after the op the timeline ends the copy in (``Offloaded.released_after``; the
+forward's last op at the latest, where the forward waits for what is left of the copy: that
+wait is in the value's stall), and ``"auto"`` keeps only values whose copy out ends in the
+forward. Where the device is the host (CPU) the copies save nothing: op by op the plan keeps
+its peak without them; compiled, the peak is simulated with them, the host copies counted as
+the device's memory, as the peak read from the compiled code counts them.
 
 Note [Offload and allocated bytes]
 The forward drops a value's device tensor right after issuing its copy out; the caching

@@ -61,8 +61,8 @@ def _check_forward(lines: list[str]) -> int:
               if (m := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\((\w+), True\)", ln))]
     for k, m in copies:
         host, value = _aliases(lines, m.group(1)), m.group(2)
-        later = [(j, ln) for j, ln in enumerate(lines[k + 1:], k + 1) if _refs(ln, value)]
-        (j, ready), (_, free) = later[0], later[1]
+        later = [ln for ln in lines[k + 1:] if _refs(ln, value)]
+        ready, free = later[0], later[1]
         assert re.fullmatch(rf"buf\d+ = torch\.ops\.remat\.ready\.default\((\w+), {value}\)", ready), later
         assert re.search(r"default\((\w+),", ready).group(1) in host
         assert free == f"del {value}" and len(later) == 2, later  # freed after the ready, not reused before it
