@@ -61,9 +61,10 @@ def checkpoint(
     With ``tune`` (``"auto"``: on CUDA) the first training steps measure the plan prediction
     chose against a smaller frontier plan and torch.compile's own partition, and keep the
     smallest within 2% of the fastest (``remat.tuning``; the decision is cached on disk).
-    With ``offload`` (``"auto"`` or ``"all"``, ``backend="eager"`` only so far) saved
-    activations move to pinned host memory between the forward and the backward, copied on side
-    streams behind compute (``remat.planning.offload``). With ``chunking`` (a ``remat.Chunking``;
+    With ``offload`` (``"auto"`` or ``"all"``, either backend) saved activations move to pinned
+    host memory between the forward and the backward, copied on side streams behind compute
+    (``remat.planning.offload``; under Inductor the copies are compiled in place, Note [Offload
+    copies] in ``remat.capture.offload_pass``). With ``chunking`` (a ``remat.Chunking``;
     ``None``: never) a budget may also take a plan that runs a region widening each row (an LM
     head and its loss) one slice of rows at a time (Note [Row chunks] in ``remat.analysis.rows``).
 

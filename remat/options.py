@@ -56,7 +56,8 @@ class Options:
     copied on side streams (``remat.planning.offload``): ``False`` never; ``"auto"`` those whose
     copies the step's compute hides (none where the device is the host, on CPU); ``"all"`` every
     saved activation that can move, hidden or not (the copies' estimated stall is in the plan).
-    The uncompiled backend only, so far."""
+    Both backends: the copies run as operators Inductor compiles in place (Note [Offload copies]
+    in ``remat.capture.offload_pass``)."""
 
     chunking: Chunking | None = DEFAULT_CHUNKING
     """Regions that widen each row (an LM head and its loss: Note [Row chunks] in
@@ -79,11 +80,8 @@ class Options:
             raise RematError(f"remat: dynamic must be None, True or False, got {self.dynamic!r}.")
         if self.offload not in OFFLOAD_MODES or self.offload is True:
             raise RematError(f"remat: offload must be one of {OFFLOAD_MODES}, got {self.offload!r}. "
-                             "Use offload='auto' to offload what the step's compute hides, or offload=False.")
-        if self.offload and self.backend != "eager":
-            raise RematError(f"remat: offload={self.offload!r} runs with backend='eager' only so far, got "
-                             f"backend={self.backend!r}. Pass backend='eager' to offload, or offload=False to compile "
-                             "with Inductor.")
+                             "Use offload='auto' to offload what the step's compute hides, offload='all' to offload "
+                             "every saved activation that can move (either backend), or offload=False.")
         object.__setattr__(self, "policy", normalize_policy(self.policy))
         object.__setattr__(self, "budget", parse_budget(self.budget))
         object.__setattr__(self, "tune", parse_tune(self.tune))

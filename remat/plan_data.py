@@ -165,9 +165,15 @@ class Offloaded:
     copy_in: tuple[float, float]
     """When its host-to-device copy runs (start, end); its device memory is taken at the start."""
     stall_seconds: float = 0.0
-    """How long the backward is estimated to wait for its copy back (0: hidden behind compute)."""
+    """How long the step is estimated to wait for its copies (0: hidden behind compute): the
+    backward for its copy back and, compiled (``released_after``), the forward for its copy out."""
     reload_before: str = ""
     """The backward op its copy back is issued before."""
+    released_after: str = ""
+    """Compiled (Inductor): the forward op after which the forward waits for its copy out and
+    lets its device copy go (Note [Offload copies] in ``remat.capture.offload_pass``). Empty op
+    by op: its device copy is dropped when the copy out is issued, the allocator holding the
+    block until the copy ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +333,7 @@ class PlanData:
 
     @property
     def offload_stall_seconds(self) -> float:
-        """How long the backward is estimated to wait for offloaded values' copies back."""
+        """How long the step is estimated to wait for offloaded values' copies (``Offloaded.stall_seconds``)."""
         return sum(o.stall_seconds for o in self.offloaded)
 
     @property

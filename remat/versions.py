@@ -329,6 +329,25 @@ HOOKS: dict[str, Hook] = {
         "The line classes and their fields (node, reused_as, delete_old, is_reused, result_name, arg_name) "
         "have the same names and meaning on both; a line of a kind the reader does not know is named in "
         "GraphTrace.unknown."),
+    "offload_order": Hook(
+        "offload copies stay where remat's pass puts them: a graph with them compiles without Inductor's "
+        "peak-memory reordering (Note [Offload copies])",
+        ("torch._inductor.config.reorder_for_peak_memory",), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+        "Gradients are unaffected, but Inductor may issue the copies back elsewhere (all at the backward's "
+        "start): the offload saves less device memory than predicted.",
+        "Run on 2.13 (tests/capture/test_offload_inductor.py); on 2.11 the setting and the scheduler's call of "
+        "memory.reorder_for_peak_memory read in its source, the same."),
+    "read_offload_copies": Hook(
+        "reading a compiled graph with offload copies: a fallback whose output aliases its input (remat's "
+        "ready) allocates nothing, and on a GPU host buffers take no device memory",
+        ("torch._inductor.ir.FallbackKernel.op_overload", "torch._ops.OpOverload._schema",
+         "torch._inductor.ir.FallbackKernel.get_inputs_that_alias_output", "torch._inductor.ir.IRNode.get_device",
+         "GraphLowering.device_types", "GraphLowering.get_buffer"),
+        (f"{_INDUCTOR}.wrapper_reading",), _BOTH, OnDrift.WARN,
+        "An offloaded value's copy back may be counted twice, or its host copy as device memory: the read "
+        "peak is above the compiled step's.",
+        "Run on 2.13 (tests/capture/test_offload_inductor.py); on 2.11 FallbackKernel's alias_names (its "
+        "schema's alias annotations) and GraphLowering.device_types read in its source, the same."),
     # --- Inductor: behaviour the peak model copies (remat.backends.inductor) -----------------------
     "realization": Hook(
         "which pointwise values Inductor stores rather than inlines (Note [Inductor realization])",

@@ -16,7 +16,7 @@ from ..policy import OpInfo
 from .ops import schema_arg
 
 __all__ = ["hint", "numel", "nbytes", "shape", "dtype_name", "flops", "Work", "recompute_seconds",
-           "recompute_estimate", "run_seconds"]
+           "recompute_estimate", "run_seconds", "fused_seconds"]
 
 
 def hint(x: object) -> int:
@@ -138,8 +138,8 @@ def run_seconds(node: fx.Node, dev: DeviceModel) -> float:
     """Roofline time of running ``node`` as its own kernel (the uncompiled backend runs every op
     so): its FLOPs at the matmul rate for a matmul, convolution or attention and at the vector
     rate otherwise, or reading its inputs and writing its output, whichever is longer; 0 for a
-    placeholder or a getitem (views, which own no storage, are zeroed by the caller). The step's timeline for hiding offload copies
-    (``remat.planning.offload``)."""
+    placeholder or a getitem (views, which own no storage, are zeroed by the caller). The step's
+    timeline for hiding offload copies (``remat.planning.offload``)."""
     if node.op != "call_function" or node.target is operator.getitem:
         return 0.0
     name = str(node.target)
@@ -150,6 +150,25 @@ def run_seconds(node: fx.Node, dev: DeviceModel) -> float:
     heavy = any(k in name for k in ("mm", "convolution", "attention"))
     rate = dev.matmul_flops if heavy else dev.vector_flops
     return max(flops(name, out, ins) / rate, (bytes_in + bytes_out) / dev.bandwidth)
+
+
+def fused_seconds(node: fx.Node, dev: DeviceModel) -> float:
+    """Roofline time of ``node`` inside Inductor's code: a matmul, convolution or attention (an
+    extern kernel, which reads its inputs and writes its output) as ``run_seconds``; any other op
+    its FLOPs at the vector rate, no memory traffic (fused with its neighbours). A lower bound on
+    the fused kernels' time, which still read what they load and write what they store: the
+    compiled step's timeline for hiding offload copies (``remat.planning.offload``, Note [Offload
+    in a plan])."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return 0.0
+    name = str(node.target)
+    if any(k in name for k in ("mm", "convolution", "attention")):
+        return run_seconds(node, dev)
+    out = node.meta.get("val")
+    if not isinstance(out, (torch.Tensor, tuple, list)):
+        return 0.0
+    ins, _, _ = _io(node)
+    return flops(name, out, ins) / dev.vector_flops
 
 
 def _work(op: OpInfo) -> Work:

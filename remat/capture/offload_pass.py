@@ -4,8 +4,14 @@ after its last forward use, and comes back before its first backward use (``offl
 Note [Offload copies]
 The forward returns, in a saved value's place, ``to_host(value)``, inserted right after the
 value's last forward use: on CUDA a pinned host tensor written on a device-to-host side stream
-(after the compute queued so far), the device block held for that stream
-(``Tensor.record_stream``) so that the allocator reuses it only once the copy is done. The
+(after the compute queued so far). The device copy must outlive the copy. Run op by op (the
+uncompiled backend), the forward drops it at once and the caching allocator holds its block for
+that stream (``Tensor.record_stream``), reusing it only once the copy is done. Compiled code
+hands a freed buffer to a later one itself, bypassing the allocator (Inductor's ``# reuse``
+lines), so there ``to_host(value, held=True)`` records the copy's event instead and the
+forward returns ``ready(host, value)``, inserted after the op the plan names
+(``Offloaded.released_after``: the op during which the copy out is estimated to end): the
+compute stream waits for the copy there, and the graph holds ``value`` until then. The
 backward reads, in the saved value's place, ``ready(to_device(host))``: ``to_device`` is
 inserted where the plan's schedule issues the copy back (``Offloaded.copy_in``'s op), allocates
 the device tensor on the compute stream and fills it on a host-to-device side stream once the
@@ -14,6 +20,12 @@ backward use, makes the compute stream wait for that copy's event. The host tens
 autograd between the halves and dropped with the other saved values at the end of the backward.
 Where the device is the host (CPU), both copies are plain copies: the plumbing runs and computes
 the same gradients, and saves no memory.
+
+The three are operators of the ``remat`` library (``torch.library``), with fake
+implementations, so that Inductor compiles the partitioned graphs with them: each is a fallback
+kernel that stays where the graph puts it, ``to_host`` and ``to_device`` allocate their results
+and ``ready`` returns its input (an alias: Inductor frees the buffer after the alias's last
+reader). Events are keyed by the data pointer of the copy's result, taken by ``ready``.
 """
 
 from __future__ import annotations
@@ -29,15 +41,18 @@ __all__ = ["Move", "insert_offload", "to_host", "to_device", "ready"]
 
 @dataclass(frozen=True)
 class Move:
-    """One saved value to offload: its name in the partitioned graphs, and the backward op
-    before which its copy back is issued (empty: at the backward's start)."""
+    """One saved value to offload: its name in the partitioned graphs, the backward op before
+    which its copy back is issued (empty: at the backward's start), and the forward op after
+    which its device copy is released once its copy out is done (empty: when the copy out is
+    issued, the allocator holding the block; Note [Offload copies])."""
 
     name: str
     reload_before: str = ""
+    released_after: str = ""
 
 
 _streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
-_copied: dict[int, torch.cuda.Event] = {}  # id of a tensor being copied back -> its copy's event
+_copies: dict[int, torch.cuda.Event] = {}  # data pointer of a copy's result -> the copy's event, until ``ready``
 
 
 def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
@@ -47,8 +62,11 @@ def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.S
     return _streams[device]
 
 
-def to_host(x: torch.Tensor) -> torch.Tensor:
-    """``x`` copied to host memory (Note [Offload copies])."""
+@torch.library.custom_op("remat::to_host", mutates_args=())
+def _to_host(x: torch.Tensor, held: bool = False) -> torch.Tensor:
+    """``x`` copied to host memory (Note [Offload copies]). ``held``: the graph keeps ``x`` until a
+    ``ready`` of the result (the compiled forward); otherwise the allocator holds its block for
+    the copy (``Tensor.record_stream``)."""
     if x.device.type != "cuda":
         return x.clone()
     d2h, _ = _side_streams(x.device)
@@ -56,11 +74,20 @@ def to_host(x: torch.Tensor) -> torch.Tensor:
     d2h.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(d2h):
         host.copy_(x, non_blocking=True)
-    x.record_stream(d2h)
+    if held:
+        _copies[host.data_ptr()] = d2h.record_event()
+    else:
+        x.record_stream(d2h)
     return host
 
 
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+@_to_host.register_fake
+def _(x: torch.Tensor, held: bool = False) -> torch.Tensor:
+    return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="cpu")
+
+
+@torch.library.custom_op("remat::to_device", mutates_args=())
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` copied back to ``device``, the copy issued on a side stream (Note [Offload copies])."""
     if device.type != "cuda":
         return host.clone()
@@ -71,19 +98,45 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     h2d.wait_stream(d2h)
     with torch.cuda.stream(h2d):
         out.copy_(host, non_blocking=True)
-    _copied[id(out)] = h2d.record_event()
+    _copies[out.data_ptr()] = h2d.record_event()
     return out
 
 
-def ready(x: torch.Tensor) -> torch.Tensor:
-    """``x`` once its copy back is done: the compute stream waits for it."""
-    event = _copied.pop(id(x), None)
+@_to_device.register_fake
+def _(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device)
+
+
+# ``ready`` returns its input: an alias, which ``custom_op`` does not allow, so it is defined with
+# an alias annotation (as ``torch.library`` documents); the partitioned graphs are not
+# functionalized again, and Inductor runs it as a fallback whose output shares its input's buffer.
+_LIB = torch.library.Library("remat", "FRAGMENT")
+_LIB.define("ready(Tensor(a) x, Tensor? held=None) -> Tensor(a)")
+
+
+@torch.library.impl("remat::ready", "CompositeExplicitAutograd", lib=_LIB)
+def _ready(x: torch.Tensor, held: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` once its copy is done: the compute stream waits for it. ``held``: the tensor the copy
+    read, kept until here (the compiled forward's device copy)."""
+    event = _copies.pop(x.data_ptr(), None)
     if event is not None:
-        torch.cuda.current_stream(x.device).wait_event(event)
+        stream = held.device if held is not None and held.device.type == "cuda" else x.device
+        torch.cuda.current_stream(stream).wait_event(event)
     return x
 
 
+@torch.library.register_fake("remat::ready", lib=_LIB)
+def _(x: torch.Tensor, held: torch.Tensor | None = None) -> torch.Tensor:
+    return x
+
+
+to_host = torch.ops.remat.to_host.default
+to_device = torch.ops.remat.to_device.default
+ready = torch.ops.remat.ready.default
+
+
 def _with_val(node: fx.Node, like: fx.Node, device: str | torch.device) -> fx.Node:
+    """``node`` with a fake value like ``like``'s on ``device``."""
     val = like.meta.get("val")
     if isinstance(val, torch.Tensor):
         mode = getattr(val, "fake_mode", None)
@@ -115,10 +168,19 @@ def insert_offload(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int,
         val = value.meta.get("val")
         device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
         last = max((u for u in value.users if u is not out), key=fw_order.__getitem__, default=value)
+        held = bool(move.released_after)
         with fw.graph.inserting_after(last):
-            host = _with_val(fw.graph.call_function(to_host, (value,)), value, "cpu")
+            host = _with_val(fw.graph.call_function(to_host, (value, True) if held else (value,)), value, "cpu")
+        returned = host
+        if held:
+            anchor = fw_nodes.get(move.released_after)
+            after = anchor if anchor is not None and fw_order[anchor] > fw_order[last] else host
+            if anchor is None:  # not in the forward: released at its end
+                after = out.prev
+            with fw.graph.inserting_after(after):
+                returned = _with_val(fw.graph.call_function(ready, (host, value)), value, "cpu")
         for k in slots:
-            outputs[k] = host
+            outputs[k] = returned
         readers = sorted(ph.users, key=order.__getitem__)
         if not readers:
             continue

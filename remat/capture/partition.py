@@ -85,7 +85,8 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
                                             compat.ordered_set(n for n in joint.graph.nodes
                                                                if n in static_nodes))
             place_recompute(bw, {n.name for n in jg.nodes if n.op == "call_function"})
-            insert_offload(fw, bw, num_fwd_outputs, [Move(o.name, o.reload_before) for o in plan.offloaded])
+            insert_offload(fw, bw, num_fwd_outputs, [Move(o.name, o.reload_before, o.released_after)
+                                                    for o in plan.offloaded])
             backend.annotate(fw, bw)
         except RematError:
             raise

@@ -37,8 +37,8 @@ from typing import Protocol, TypeVar
 
 from .reach import reachable
 
-__all__ = ["Schedule", "PeakResult", "Step", "StepModel", "OpByOp", "OP_BY_OP", "simulate", "floor_bytes",
-           "backward_order", "lazy_order", "ancestors", "op_order"]
+__all__ = ["Schedule", "PeakResult", "Step", "StepModel", "OpByOp", "OP_BY_OP", "Moved", "Offload", "simulate",
+           "floor_bytes", "backward_order", "lazy_order", "ancestors", "op_order"]
 
 T = TypeVar("T")
 
@@ -140,50 +140,79 @@ def op_order(s: Schedule, saved: set[int]) -> tuple[list[int], list[int]]:
     return fwd, backward_order(s, saved)
 
 
-def simulate(s: Schedule, saved: set[int], offload: Mapping[int, tuple[int, int]] | None = None) -> PeakResult:
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """One offloaded saved value's copies on the step's ops, as positions in ``op_order``'s
+    forward then backward ops (Note [Offload timeline] in ``remat.core.offload``)."""
+
+    issued_after: int
+    """The forward op after which its copy out is issued (its last forward use): its host copy
+    exists from there."""
+    released_after: int
+    """The op after which its device copy is freed: ``issued_after`` op by op (the allocator holds
+    the block until the copy ends), the op the copy out is estimated to end in under a compiled
+    step, which holds the buffer itself until then (``StepModel.compiled``)."""
+    reloaded_at: int
+    """The backward op before which its copy back is allocated."""
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Saved values kept in host memory between the halves (``offload=``), for ``simulate``."""
+
+    moves: Mapping[int, Moved]
+    """Each offloaded value (a node id that owns its storage) and its copies."""
+    host_is_device: bool = False
+    """The host copies take the device's own memory (a CPU, whose memory is the host's): they
+    count, from their copy out to their copy back; otherwise they take none of it."""
+
+
+def simulate(s: Schedule, saved: set[int], offload: Offload | None = None) -> PeakResult:
     """Peak live bytes of a step that saves ``saved`` (node ids) for the backward: op by op
     (``s.model`` is ``OP_BY_OP``, the uncompiled backend) or kernel by kernel as Inductor lowers the
-    two graphs (``remat.backends.inductor``).
-
-    ``offload``: saved values kept in host memory between the halves, each with (the op after
-    which its device copy is freed, the op at which its copy back is allocated), as positions in
-    ``op_order``'s forward then backward ops (Note [Offload timeline] in ``remat.core.offload``);
-    op by op only."""
+    two graphs (``remat.backends.inductor``). ``offload``: saved values kept in host memory between
+    the halves, each with where its copies run (``Moved``); the step model replays them."""
     fwd, bwd = op_order(s, saved)
-    steps, boundary, nbytes, storage = (s.model or OP_BY_OP).steps(s, set(saved), fwd, bwd)
+    steps, boundary, nbytes, storage = (s.model or OP_BY_OP).steps(s, set(saved), fwd, bwd, offload)
     keep = s.caller_keeps_outputs
     pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
     pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
-    # saved values (and outputs the caller drops) live at least to the boundary
+    # saved values (and outputs the caller drops) live at least to the boundary; an offloaded
+    # value's storage in the forward's phase is its host copy
     pin_boundary = {storage(v, 0) for v in (*saved, *(() if keep else s.fwd_outputs))}
-    if offload:
-        if (s.model or OP_BY_OP) is not OP_BY_OP or s.kernel:
-            raise ValueError("remat: internal error, offload is simulated op by op only; please report")
-        steps = _offloaded(steps, offload, len(fwd), len(s.tangent), nbytes)
-        pin_boundary -= {(v, 0) for v in offload}
     return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
 
 
-def _offloaded(steps: list[Step], offload: Mapping[int, tuple[int, int]], n_fwd: int, n_tangents: int,
-               nbytes: dict[_Key, int]) -> list[Step]:
-    """``steps`` with each offloaded value's device copy read (kept) up to the op its copy out
-    ends in, and a new storage for its copy back, allocated at the op its copy in starts and
-    read by the backward in its place."""
+def _offloaded(steps: list[Step], storage: Callable[[int, int], _Key], offload: Offload, n_fwd: int,
+               n_tangents: int, nbytes: dict[_Key, int]) -> tuple[list[Step], Callable[[int, int], _Key]]:
+    """Op by op, ``steps`` with each offloaded value's device copy read (kept) up to the op it is
+    released after, a host copy from its copy out to its copy back (bytes where the host is the
+    device), and a new storage for its copy back, allocated at the op its copy in starts and read
+    by the backward in its place; and the storage function that gives the host copy for the
+    value's forward phase."""
     def at(p: int) -> int:  # a position among the ops -> the step index (tangents come between)
         return p if p < n_fwd else p + n_tangents
 
     steps = list(steps)
-    for v, (freed_after, reloaded_at) in offload.items():
-        out, back = (v, 0), (v, 2)
+    host: dict[int, _Key] = {}
+    for v, m in offload.moves.items():
+        out, back, host[v] = (v, 0), (v, 2), (v, 3)
         nbytes[back] = nbytes.get(out, 0)
+        nbytes[host[v]] = nbytes.get(out, 0) if offload.host_is_device else 0
         for t in range(n_fwd + n_tangents, len(steps)):
             if out in steps[t].reads:
                 steps[t] = replace(steps[t], reads=(steps[t].reads - {out}) | {back})
-        k = at(freed_after)
+        k = at(m.issued_after)
+        steps[k] = replace(steps[k], allocs=(*steps[k].allocs, host[v]))
+        k = at(m.released_after)
         steps[k] = replace(steps[k], reads=steps[k].reads | {out})
-        k = at(reloaded_at)
-        steps[k] = replace(steps[k], allocs=(*steps[k].allocs, back))
-    return steps
+        k = at(m.reloaded_at)
+        steps[k] = replace(steps[k], allocs=(*steps[k].allocs, back), reads=steps[k].reads | {host[v]})
+
+    def moved_storage(u: int, phase: int) -> _Key:
+        return host[u] if phase == 0 and u in host else storage(u, phase)
+
+    return steps, moved_storage
 
 
 def floor_bytes(s: Schedule) -> int:
@@ -227,10 +256,16 @@ class StepModel(Protocol):
     """How a backend runs one step, for the simulator: the backend interface's pure half
     (``remat.backends.base.Backend.step_model``)."""
 
-    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]
+    compiled: bool
+    """Whether the step runs compiled code: ops fused into kernels, buffers allocated and handed
+    from a freed one to a later one by the compiler's own plan rather than by the caching
+    allocator op by op (Note [Offload in a plan] in ``remat.planning.offload``)."""
+
+    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], offload: Offload | None = None
               ) -> tuple[list[Step], int, dict[_Key, int], Callable[[int, int], _Key]]:
         """The step as allocation steps: (steps, index of the first backward step, bytes of each
-        storage, the storage a node's value lives in per phase)."""
+        storage, the storage a node's value lives in per phase; an offloaded value's in the
+        forward's phase is its host copy), with ``offload``'s copies."""
         ...
 
     def in_floor(self, s: Schedule, v: int) -> bool:
@@ -244,9 +279,16 @@ class OpByOp:
     operands are in memory while it runs, and a library kernel's scratch (``Schedule.workspace``)."""
 
     name = "simulated: op by op"
+    compiled = False
 
-    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
-        return _op_steps(s, saved, fwd, bwd)
+    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], offload: Offload | None = None):
+        steps, boundary, nbytes, storage = _op_steps(s, saved, fwd, bwd)
+        if offload is not None and offload.moves:
+            if s.kernel:
+                raise ValueError("remat: internal error, offload is simulated op by op or by Inductor's kernels, not "
+                                 "by eager autograd's kernels; please report")
+            steps, storage = _offloaded(steps, storage, offload, len(fwd), len(s.tangent), nbytes)
+        return steps, boundary, nbytes, storage
 
     def in_floor(self, s: Schedule, v: int) -> bool:
         return True

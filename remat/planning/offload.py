@@ -7,15 +7,28 @@ forward output (the caller holds those anyway), no other saved value is a view o
 backward reads it. Its copy out may start when the last forward op reading its storage ends;
 its copy back must end before the first backward op reading it starts. The step's timeline is
 the plan's own op order (``remat.core.peak.op_order``), each op estimated as a kernel of its own
-(``remat.analysis.cost.run_seconds``: the uncompiled backend runs them so), and the copies are
-timed on it by ``remat.core.offload`` (Note [Offload timeline]) over the host link
-(``host_link``: measured once per CUDA device). ``"auto"`` keeps the values whose copies the
-step hides (``offload.hidden``); ``"all"`` every value that can move (``offload.schedule``, its
-stall in the plan). The partitioned backward can only issue a copy back once it runs, so a
+(``remat.analysis.cost.run_seconds``: the uncompiled backend runs them so) or, where the step is
+compiled (``StepModel.compiled``: Inductor), as a matmul, convolution or attention kernel alone
+and every other op at the vector rate with no memory traffic (``cost.fused_seconds``). That is
+an approximation: Inductor's step model knows which values its kernels store but not how long
+its kernels run, and the fused estimate is a lower bound (a fused kernel still reads what it
+loads and writes what it stores), so under Inductor the timeline hides fewer copies than run.
+The copies are timed on it by ``remat.core.offload`` (Note [Offload timeline]) over the host
+link (``host_link``: measured once per CUDA device). ``"auto"`` keeps the values whose copies
+the step hides (``offload.hidden``); ``"all"`` every value that can move (``offload.schedule``,
+its stall in the plan). The partitioned backward can only issue a copy back once it runs, so a
 copy back the timeline starts in the forward's tail starts at the backward's first op: under
 ``"auto"`` such a value is not offloaded, under ``"all"`` it is, and the stall is re-timed.
 The plan's peak is simulated with each offloaded value's device copy freed when its copy out
 is issued and allocated again when its copy back starts (``peak.simulate``'s ``offload``).
+
+Compiled, the device copy is held until its copy out is done (Note [Offload copies]): it is
+released after the op the timeline ends the copy in (``Offloaded.released_after``; the
+forward's last op at the latest, where the forward waits for what is left of the copy: that
+wait is in the value's stall), and ``"auto"`` keeps only values whose copy out ends in the
+forward. Where the device is the host (CPU) the copies save nothing: op by op the plan keeps
+its peak without them; compiled, the peak is simulated with them, the host copies counted as
+the device's memory, as the peak read from the compiled code counts them.
 
 Note [Offload and allocated bytes]
 The forward drops a value's device tensor right after issuing its copy out; the caching
@@ -45,7 +58,7 @@ from .. import compat
 from ..analysis import cost
 from ..analysis.joint_graph import JointGraph
 from ..core import offload as timeline
-from ..core.peak import op_order, simulate
+from ..core.peak import OP_BY_OP, Moved, Offload, Schedule, op_order, simulate
 from ..device import DeviceModel
 from ..plan import Plan
 from ..plan_data import Offloaded
@@ -116,24 +129,36 @@ def _candidates(jg: JointGraph, saved: set[int], fwd: list[int], bwd: list[int])
 
 
 def _timed(mode: str, cands: list[timeline.OffloadCandidate], seconds: list[float], boundary: int,
-           link: timeline.Link) -> timeline.OffloadSchedule:
-    """The offload schedule of ``mode`` whose copies back all start in the backward (Note
-    [Offload in a plan])."""
+           link: timeline.Link, held: bool) -> timeline.OffloadSchedule:
+    """The offload schedule of ``mode`` whose copies back all start in the backward and, where
+    the forward holds a device copy until its copy out ends (``held``), whose copies out under
+    ``"auto"`` end in the forward (Note [Offload in a plan])."""
     if mode == "all":
         return timeline.schedule(cands, seconds, boundary, link)
+
+    def fits(e: timeline.Entry) -> bool:
+        return e.reloaded_at >= boundary and (not held or e.freed_after < boundary)
+
     chosen = timeline.hidden(cands, seconds, boundary, link)
-    while any(e.reloaded_at < boundary for e in chosen.entries):
-        keep = {e.node for e in chosen.entries if e.reloaded_at >= boundary}
+    while not all(fits(e) for e in chosen.entries):
+        keep = {e.node for e in chosen.entries if fits(e)}
         chosen = timeline.hidden([c for c in cands if c.node in keep], seconds, boundary, link)
     return chosen
 
 
 def node_seconds(jg: JointGraph, dev: DeviceModel) -> list[float]:
-    """Each schedule node's estimated seconds run as its own kernel (``cost.run_seconds``; 0 for a
-    view): the step's timeline, whatever the plan's op order."""
+    """Each schedule node's estimated seconds (0 for a view): run as its own kernel op by op
+    (``cost.run_seconds``), inside Inductor's fused code where the step is compiled
+    (``cost.fused_seconds``, ``StepModel.compiled``): the step's timeline, whatever the plan's
+    op order."""
     s = jg.schedule
+    estimate = cost.fused_seconds if _compiled(s) else cost.run_seconds
     nodes = [n for n in jg.nodes[0].graph.nodes if n.op != "output"]
-    return [cost.run_seconds(n, dev) if s.root[v] == v else 0.0 for v, n in enumerate(nodes)]
+    return [estimate(n, dev) if s.root[v] == v else 0.0 for v, n in enumerate(nodes)]
+
+
+def _compiled(s: Schedule) -> bool:
+    return bool(getattr(s.model or OP_BY_OP, "compiled", False))
 
 
 def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, dev: DeviceModel,
@@ -151,28 +176,42 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
     fwd, bwd = op_order(s, saved)
     cands = _candidates(jg, saved, fwd, bwd)
     if not cands:
-        return replace(plan, notes=(*plan.notes, f"offload={mode!r}: no saved value can move (Note [Offload in a plan])"))
+        return replace(plan, notes=(*plan.notes,
+                                    f"offload={mode!r}: no saved value can move (Note [Offload in a plan])"))
+    compiled = _compiled(s)
     per_node = per_node if per_node is not None else node_seconds(jg, dev)
     order = fwd + bwd
     seconds = [per_node[v] for v in order]
-    chosen = _timed(mode, cands, seconds, len(fwd), link)
+    chosen = _timed(mode, cands, seconds, len(fwd), link, held=compiled)
     if mode == "all" and any(e.reloaded_at < len(fwd) for e in chosen.entries):
         chosen = _started_in_backward(chosen, seconds, len(fwd), link)
     if not chosen.entries:
         return replace(plan, notes=(*plan.notes, f"offload={mode!r}: no copy is hidden behind the step's compute "
                                                  "(estimated), nothing offloaded"))
     ready = {c.node: c.ready for c in cands}
-    # Note [Offload and allocated bytes]: the device copy is dropped when the copy out is issued
-    moves = {e.node: (ready[e.node], max(e.reloaded_at, len(fwd))) for e in chosen.entries}
-    # where the device is the host, a host copy takes the memory its device copy gave back
-    peak = simulate(s, saved, moves).peak_bytes if measured is not None else plan.predicted_peak_bytes
+    ends = list(accumulate(seconds))
+    moves, waits = {}, {}
+    for e in chosen.entries:
+        # Note [Offload and allocated bytes]: op by op the device copy is dropped when the copy out
+        # is issued; compiled, it is held until the op the copy out ends in (the forward's end at the latest)
+        released = min(e.freed_after, len(fwd) - 1) if compiled else ready[e.node]
+        moves[e.node] = Moved(ready[e.node], released, max(e.reloaded_at, len(fwd)))
+        waits[e.node] = max(0.0, e.out_end - ends[released]) if compiled else 0.0
+    if compiled or measured is not None:
+        peak = simulate(s, saved, Offload(moves, host_is_device=measured is None)).peak_bytes
+    else:  # op by op where the device is the host: the plan's peak (the uncompiled backend's first slice)
+        peak = plan.predicted_peak_bytes
     offloaded = tuple(Offloaded(s.names[e.node], e.nbytes, (e.out_start, e.out_end), (e.in_start, e.in_end),
-                                e.stall, reload_before=s.names[order[moves[e.node][1]]]) for e in chosen.entries)
+                                e.stall + waits[e.node], reload_before=s.names[order[moves[e.node].reloaded_at]],
+                                released_after=s.names[order[moves[e.node].released_after]] if compiled else "")
+                      for e in chosen.entries)
     note = (f"offload={mode!r}: {len(offloaded)} of {len(cands)} movable saved values, timed on the step's estimated "
-            f"{sum(seconds[:len(fwd)]) * 1e3:.3f} ms forward and {sum(seconds[len(fwd):]) * 1e3:.3f} ms backward over a "
-            f"{link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)"
-            + ("" if measured is not None else "; the device is the host (CPU): the copies save no memory, the peak is "
-               "the plan's without them"))
+            f"{sum(seconds[:len(fwd)]) * 1e3:.3f} ms forward and {sum(seconds[len(fwd):]) * 1e3:.3f} ms backward"
+            + (" (compiled: FLOPs only outside matmuls)" if compiled else "")
+            + f" over a {link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)")
+    if measured is None:
+        note += ("; the device is the host (CPU): the copies save no memory, "
+                 + ("their host copies count in the peak" if compiled else "the peak is the plan's without them"))
     return replace(plan, offloaded=offloaded, predicted_peak_bytes=peak, simulated_peak_bytes=peak,
                    notes=(*plan.notes, note))
 

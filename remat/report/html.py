@@ -87,7 +87,8 @@ def _offloaded_table(plan: PlanData) -> str:
     cols = ("name", "bytes", "copy out (ms)", "copy back (ms)", "issued before", "stall (ms)")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     rows = ["<tr>" + "".join([
-        _td(o.name), _td(format_bytes(o.nbytes), True), _td(f"{o.copy_out[0] * 1e3:.3f}-{o.copy_out[1] * 1e3:.3f}", True),
+        _td(o.name), _td(format_bytes(o.nbytes), True),
+        _td(f"{o.copy_out[0] * 1e3:.3f}-{o.copy_out[1] * 1e3:.3f}", True),
         _td(f"{o.copy_in[0] * 1e3:.3f}-{o.copy_in[1] * 1e3:.3f}", True), _td(o.reload_before),
         _td(f"{o.stall_seconds * 1e3:.3f}", True)]) + "</tr>" for o in plan.offloaded]
     return f'<table class="saved">{head}{"".join(rows)}</table>'

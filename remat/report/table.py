@@ -68,7 +68,8 @@ def render(plan: PlanData) -> str:
         stall = plan.offload_stall_seconds
         lines.append(f"offloaded to host memory: {', '.join(o.name for o in plan.offloaded)} "
                      f"({format_bytes(plan.host_bytes)} in host memory during the step; copies "
-                     + (f"estimated to stall the backward {stall * 1e3:.3f} ms)" if stall else "hidden behind compute, estimated)"))
+                     + (f"estimated to stall the step {stall * 1e3:.3f} ms)" if stall
+                        else "hidden behind compute, estimated)"))
     lines += list(plan.notes)
     if plan.compiled_for:
         lines.append(f"compiled for inputs: {plan.compiled_for}")

@@ -130,8 +130,9 @@ def test_offload_auto_on_cpu_moves_nothing_and_says_why():
 def test_offload_options_are_checked():
     with pytest.raises(remat.RematError, match=r"^remat: offload must be one of \(False, 'auto', 'all'\), got 'yes'"):
         remat.checkpoint(_mlp(), backend="eager", offload="yes")
-    with pytest.raises(remat.RematError, match=r"^remat: offload='auto' runs with backend='eager' only so far"):
-        remat.checkpoint(_mlp(), offload="auto")
+    with pytest.raises(remat.RematError, match=r"^remat: offload must be one of .*, got True\. Use offload='auto'"):
+        remat.checkpoint(_mlp(), offload=True)
+    remat.checkpoint(_mlp(), offload="auto")  # either backend (Inductor: tests/capture/test_offload_inductor.py)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
@@ -186,7 +187,7 @@ def test_offload_all_over_a_link_too_slow_to_hide_reports_the_stall(monkeypatch)
     (plan,) = remat.compiled_plans(m)
     assert plan.fallback is None and len(plan.offloaded) == 3
     assert plan.offload_stall_seconds > 1000  # 1.5 MiB each way at 1 kB/s
-    assert "estimated to stall the backward" in str(plan)
+    assert "estimated to stall the step" in str(plan)
     auto = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto", strict=True)
     torch._dynamo.reset()
     auto(x).square().mean().backward()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat.core.peak import Schedule, op_order, simulate
+from remat.core.peak import Moved, Offload, Schedule, op_order, simulate
 
 # x (input) -> a (100 B) -> b (10 B) -> c (1 B, the output); the backward: gb = dh(t, b) (100 B),
 # gc = k(gb) (1 B), ga = dg(gc, a) (10 B, the gradient). Saved: a and b.
@@ -36,17 +36,28 @@ def test_without_offload_the_saved_value_is_held_through_the_backwards_peak():
 
 
 def test_an_offloaded_value_leaves_the_device_between_its_copies():
-    # a's copy out ends during c (position 2), its copy back starts at ga (position 5):
-    # after c 111 - 100 = 11; t 12; gb 112 (b freed: 102); gc 103 (gb freed: 3); ga 3 + 100 + 10
-    r = simulate(S, SAVED, {1: (2, 5)})
+    # a's copy out (issued after b, position 1) ends during c (position 2), its copy back starts at
+    # ga (position 5): after c 111 - 100 = 11; t 12; gb 112 (b freed: 102); gc 103 (gb freed: 3); ga 3 + 100 + 10
+    r = simulate(S, SAVED, Offload({1: Moved(1, 2, 5)}))
     assert (r.peak_bytes, r.at) == (113, "backward:ga")
     # a copy back issued at gb (position 3) holds a beside gb: no saving
-    assert simulate(S, SAVED, {1: (2, 3)}).peak_bytes == 212
+    assert simulate(S, SAVED, Offload({1: Moved(1, 2, 3)})).peak_bytes == 212
     # a copy out that ends only in the backward (during gb) holds a there too
-    assert simulate(S, SAVED, {1: (3, 5)}).peak_bytes == 212
+    assert simulate(S, SAVED, Offload({1: Moved(1, 3, 5)})).peak_bytes == 212
 
 
-def test_offload_is_simulated_op_by_op_only():
+def test_where_the_host_is_the_device_the_host_copy_counts_from_its_copy_out_to_its_copy_back():
+    # a's host copy (100 B) lives from b (position 1) to ga (position 5), where its copy back is
+    # allocated: b 100 + 10 + 100; c 211 (a freed: 111); t 112; gb 212 (b freed: 202); gc 203 (gb
+    # freed: 103); ga 103 + 100 (copy back) + 10 = 213, one byte above the plan without offload
+    r = simulate(S, SAVED, Offload({1: Moved(1, 2, 5)}, host_is_device=True))
+    assert (r.peak_bytes, r.at) == (213, "backward:ga")
+    assert simulate(S, SAVED).peak_bytes == 212
+    # without the host's bytes the same copies save 100 B
+    assert simulate(S, SAVED, Offload({1: Moved(1, 2, 5)})).peak_bytes == 113
+
+
+def test_offload_is_not_simulated_with_eager_autograds_kernels():
     fused = Schedule(**{**S.__dict__, "kernel": (-1, 0, 0, -1, -1, -1, -1, -1)})
-    with pytest.raises(ValueError, match="op by op only"):
-        simulate(fused, SAVED, {1: (2, 5)})
+    with pytest.raises(ValueError, match="not by eager autograd's kernels"):
+        simulate(fused, SAVED, Offload({1: Moved(1, 2, 5)}))

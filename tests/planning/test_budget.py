@@ -313,7 +313,8 @@ def test_no_plan_keeping_the_cost_rules_beats_the_default_on_time_cost():
         d = f.default
         assert d.traffic_seconds == pytest.approx(2 * d.saved_bytes / remat.device.CPU.bandwidth)
         assert d.cost_seconds == d.recompute_seconds + d.traffic_seconds
-        keeping = [p for p in f.points if not p.checkpoints and not any(n.startswith(RECOMPUTES_RULED) for n in p.notes)]
+        keeping = [p for p in f.points
+                   if not p.checkpoints and not any(n.startswith(RECOMPUTES_RULED) for n in p.notes)]
         assert keeping and all(p.cost_seconds >= d.cost_seconds * (1 - 1e-9) for p in keeping), name
         assert f.dominating_default() is None, name
 

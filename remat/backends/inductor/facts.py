@@ -67,6 +67,10 @@ class NodeLowering:
     stage-local fusion, so no kernel spans two blocks (Note [Stage-local fusion])."""
     heavy: bool = False
     """Its op is one Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
+    own_buffer: bool = False
+    """A fallback kernel that allocates its output itself (remat's offload copies, Note
+    [Offloaded values in Inductor's kernels]): its output never takes a freed buffer, and no
+    kernel writes into it in place (its readers read it through an alias)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, Kind):

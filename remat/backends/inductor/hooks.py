@@ -19,7 +19,8 @@ from ...versions import drift
 from .lowering import fusion_blocks
 from .wrapper_reading import read_allocations
 
-__all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_fusion", "STAGE_KEY", "tag_stages"]
+__all__ = ["compile_fx", "copies_in_place", "graph_io_names", "inductor_partitioner", "stage_local_fusion",
+           "STAGE_KEY", "tag_stages", "OFFLOAD_OPS"]
 
 # Note [Recompute precision]
 # A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
@@ -32,12 +33,30 @@ __all__ = ["compile_fx", "graph_io_names", "inductor_partitioner", "stage_local_
 # bandwidth-bound kernels.
 
 
+OFFLOAD_OPS = "remat"
+"""The ``torch.library`` namespace of the offload copies (``remat.capture.offload_pass``)."""
+
+
+def _is_copy(node: fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "namespace", None) == OFFLOAD_OPS
+
+
+def _saved_name(node: fx.Node) -> str:
+    """The name of the saved value an output stands for: an offloaded value's host copy
+    (``to_host``, ``ready``) is returned in its place and read by the backward under its name
+    (Note [Offload copies])."""
+    while _is_copy(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node.name
+
+
 def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set[str]]:
     """(the name of each output, the name of each placeholder, the placeholders holding a 0-dim
     tensor) of an fx graph, as the partition made it (before Inductor's passes rename
-    anything)."""
+    anything); an offloaded value's host copy is named after the value."""
     out = gm.graph.find_nodes(op="output")[0].args[0]
-    outs = [a.name if isinstance(a, fx.Node) else None for a in (out if isinstance(out, (tuple, list)) else [out])]
+    outs = [_saved_name(a) if isinstance(a, fx.Node) else None
+            for a in (out if isinstance(out, (tuple, list)) else [out])]
     holders = gm.graph.find_nodes(op="placeholder")
     scalars = {n.name for n in holders if getattr(n.meta.get("val"), "ndim", None) == 0}
     return outs, [n.name for n in holders], scalars
@@ -66,10 +85,10 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
 
     def inner(graph: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         if on_graph is None or kwargs.get("is_inference"):
-            with stage_local_fusion():
+            with stage_local_fusion(), copies_in_place(graph):
                 return compile_fx_inner(graph, *args, **kwargs)
         names, traces = graph_io_names(graph), []
-        with stage_local_fusion(), read_allocations(traces.append):
+        with stage_local_fusion(), copies_in_place(graph), read_allocations(traces.append):
             result = compile_fx_inner(graph, *args, **kwargs)
         if traces:
             on_graph(bool(kwargs.get("is_backward", False)), names, traces[-1])
@@ -81,6 +100,25 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
     elif keep_casts:
         drift("recompute_precision", "torch._inductor.config.emulate_precision_casts")
     return _compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
+
+
+@contextlib.contextmanager
+def copies_in_place(gm: fx.GraphModule) -> Iterator[None]:
+    """Inside this context, a graph with offload copies (Note [Offload copies]) is compiled
+    without Inductor's peak-memory reordering (``config.reorder_for_peak_memory``), which picks
+    among topological orders by its own estimate of the peak and may issue every copy back at
+    the backward's start (measured: the MLP of tests/capture/test_offload_inductor.py, all four
+    at once), so that each copy runs where the offload pass put it and remat's step model
+    placed it (``versions.HOOKS["offload_order"]``). Other graphs compile as they would."""
+    if not any(_is_copy(n) for n in gm.graph.nodes):
+        yield
+        return
+    if not hasattr(inductor_config, "reorder_for_peak_memory"):
+        drift("offload_order", "torch._inductor.config.reorder_for_peak_memory")
+        yield
+        return
+    with inductor_config.patch(reorder_for_peak_memory=False):
+        yield
 
 
 @contextlib.contextmanager

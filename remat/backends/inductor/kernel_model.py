@@ -4,10 +4,10 @@ allocate them). Pure: no torch import."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ...core.peak import Schedule, Step, ancestors
+from ...core.peak import Offload, Schedule, Step, ancestors
 from .facts import FusionGraph, Kind, NodeLowering, check_facts, itemsize
 from .fusion import FusionRules, kernels, lower
 
@@ -26,10 +26,11 @@ class KernelModel:
     rules: FusionRules
     facts: tuple[NodeLowering, ...]
     name = "simulated: Inductor step model"
+    compiled = True
 
-    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
+    def steps(self, s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], offload: Offload | None = None):
         check_facts(self.facts, s.n)
-        return kernel_steps(s, saved, fwd, bwd, self)
+        return kernel_steps(s, saved, fwd, bwd, self, offload)
 
     def in_floor(self, s: Schedule, v: int) -> bool:
         check_facts(self.facts, s.n)
@@ -44,27 +45,37 @@ class KernelModel:
                            elements(s, self.facts) if numel is None else numel)
 
 
-def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], model: KernelModel):
-    """One step per Inductor kernel of the forward and of the backward under ``model.rules``."""
+def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], model: KernelModel,
+                 offload: Offload | None = None):
+    """One step per Inductor kernel of the forward and of the backward under ``model.rules``,
+    with ``offload``'s copies (Note [Offloaded values in Inductor's kernels])."""
     pre = set(s.graph_input)
+    c = _copies(s, model, offload, bwd) if offload is not None and offload.moves else None
+    moved = set(c.to_host) if c else set()
     steps: list[Step] = []
     nbytes: dict[_Key, int] = {}
-    bwd_given = saved | pre | set(s.tangent)
-    bwd_side = set(bwd) | set(s.tangent)
+    bwd_given = (saved - moved) | (set(c.to_host.values()) if c else set()) | pre | set(s.tangent)
+    bwd_side = set(bwd) | set(s.tangent) | (set(c.to_device.values()) if c else set())
     alias: list[dict[int, int]] = [{}, {}]  # per phase: node -> the storage it lives in
 
     def storage(u: int, phase: int) -> _Key:
-        r = s.root[u]
+        r = c.root(s, u, phase) if c else s.root[u]
         if phase and r in bwd_side:
             return (alias[1].get(r, r), 1)
         return (alias[0].get(r, r), 0)
 
     numel = elements(s, model.facts)
+    ops = (list(fwd), list(bwd))
     fwd = early_order(s, fwd, ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
-    graphs = ((0, fwd, pre, set(s.fwd_outputs) | saved), (1, bwd, bwd_given, set(s.bwd_outputs)))
+    if c:
+        fwd, bwd = c.placed(s, fwd, bwd, offload, *ops)
+        numel = numel + tuple(numel[v] for v in sorted(moved) for _ in range(3))
+    fwd_outputs = (set(s.fwd_outputs) | saved) - moved | (set(c.ready.values()) if c else set())
+    graphs = ((0, fwd, pre, fwd_outputs), (1, bwd, bwd_given, set(s.bwd_outputs)))
+    names = c.names if c else s.names
     boundary = 0
     for phase, nodes, given, outputs in graphs:
-        g = model.graph(s, nodes, given, outputs, numel)
+        g = c.graph(s, phase, nodes, given, outputs, numel) if c else model.graph(s, nodes, given, outputs, numel)
 
         def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
             if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
@@ -81,12 +92,101 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], m
         for k in ks:
             for a in k.allocs:
                 if a not in pre:
-                    nbytes[key(a)] = s.nbytes[a]
-            steps.append(Step(f"{where}:{s.names[k.node] if s.names else k.node}",
+                    nbytes[key(a)] = g.nbytes[a]
+            steps.append(Step(f"{where}:{names[k.node] if names else k.node}",
                                tuple(key(a) for a in k.allocs if a not in pre),
                                frozenset(key(u) for u in k.reads if u not in pre),
-                               (sum(s.workspace[v] for v in k.nodes) if s.workspace else 0) + k.held))
+                               (sum(s.workspace[v] for v in k.nodes if v < s.n) if s.workspace else 0) + k.held))
     return steps, boundary, nbytes, storage
+
+
+# Note [Offloaded values in Inductor's kernels]
+# The offload pass (Note [Offload copies] in ``remat.capture.offload_pass``) adds fallback
+# kernels per offloaded value ``v``, which the step model replays as three extra nodes (ids
+# from ``Schedule.n`` on), extern kernels all: ``to_host`` reads ``v`` and writes its host copy
+# (device bytes only where the host is the device), placed after ``v``'s last forward reader;
+# the forward's ``ready`` reads the host copy and ``v`` and allocates nothing, placed after the
+# op the plan releases ``v`` after (``Moved.released_after``): ``v``'s buffer lives until then,
+# and only then may a later buffer take it; the forward returns it, the host copy's storage, in
+# ``v``'s place. ``to_device`` reads the host copy and allocates ``v``'s bytes again, placed
+# before the backward op the plan reloads it at (no later than ``v``'s first backward reader);
+# the backward reads it in ``v``'s place, views of ``v`` included. The backward's ``ready``
+# returns its input, an alias that allocates nothing, and is not modelled (its fallback call
+# also ends a C++ kernel group, which the model ignores).
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """The offload copies as extra nodes of the step model (Note [Offloaded values in
+    Inductor's kernels]): per offloaded value, its ``to_host``, forward ``ready`` and
+    ``to_device`` node ids, and the step's arrays extended with them."""
+
+    to_host: dict[int, int]
+    ready: dict[int, int]
+    to_device: dict[int, int]
+    inputs: tuple[tuple[Sequence[int], ...], tuple[Sequence[int], ...]]
+    """Per phase (forward, backward): each node's operands; the backward reads ``to_device`` in
+    an offloaded value's place."""
+    facts: tuple[NodeLowering, ...]
+    nbytes: tuple[int, ...]
+    names: tuple[str, ...]
+
+    def root(self, s: Schedule, u: int, phase: int) -> int:
+        """The node owning ``u``'s storage in ``phase``: an offloaded value's host copy in the
+        forward's (what the forward returns), its copy back in the backward's."""
+        if u >= s.n:
+            k = (u - s.n) // 3
+            return s.n + 3 * k if (u - s.n) % 3 == 1 else u  # a ready: its host copy
+        r = s.root[u]
+        if phase == 0:
+            return self.to_host.get(r, r)
+        return self.to_device.get(r, r)
+
+    def graph(self, s: Schedule, phase: int, order: list[int], given: Iterable[int], outputs: Iterable[int],
+              numel: tuple[int, ...]) -> FusionGraph:
+        """One graph of the step with the copies, as ``KernelModel.graph`` builds it without."""
+        outputs = frozenset(outputs)
+        return FusionGraph(tuple(order), self.inputs[phase], self.facts, self.nbytes, frozenset(given), outputs,
+                           frozenset(self.root(s, v, phase) for v in outputs), numel)
+
+    def placed(self, s: Schedule, fwd: list[int], bwd: list[int], offload: Offload, ops_fwd: list[int],
+               ops_bwd: list[int]) -> tuple[list[int], list[int]]:
+        """``fwd`` and ``bwd`` with the copies placed. ``ops_fwd`` / ``ops_bwd``: the ops
+        ``offload``'s positions count."""
+        fwd, bwd = list(fwd), list(bwd)
+        for v, m in sorted(offload.moves.items()):
+            last = max(k for k, w in enumerate(fwd) if w == v or (w < s.n and any(s.root[u] == v for u in s.inputs[w])))
+            fwd.insert(last + 1, self.to_host[v])
+            anchor = fwd.index(ops_fwd[min(m.released_after, len(ops_fwd) - 1)])
+            fwd.insert(max(anchor, last + 1) + 1, self.ready[v])
+            first = next((k for k, w in enumerate(bwd) if w < s.n and any(s.root[u] == v for u in s.inputs[w])),
+                         len(bwd))
+            p = m.reloaded_at - len(ops_fwd)
+            bwd.insert(min(bwd.index(ops_bwd[p]) if 0 <= p < len(ops_bwd) else first, first), self.to_device[v])
+        return fwd, bwd
+
+
+def _copies(s: Schedule, model: KernelModel, offload: Offload, bwd: list[int]) -> _Copies:
+    """The copies of ``offload``'s values as extra nodes, after the step's ``s.n``."""
+    moved = sorted(offload.moves)
+    to_host = {v: s.n + 3 * k for k, v in enumerate(moved)}
+    ready = {v: s.n + 3 * k + 1 for k, v in enumerate(moved)}
+    to_device = {v: s.n + 3 * k + 2 for k, v in enumerate(moved)}
+    fwd_inputs: list[Sequence[int]] = list(s.inputs)
+    bwd_inputs: list[Sequence[int]] = list(s.inputs)
+    for w in bwd:
+        if any(s.root[u] in to_device for u in s.inputs[w]):
+            bwd_inputs[w] = tuple(to_device.get(u, u) for u in s.inputs[w])
+    facts, nbytes = list(model.facts), list(s.nbytes)
+    names = list(s.names or map(str, range(s.n)))
+    for v in moved:
+        for inputs in (fwd_inputs, bwd_inputs):
+            inputs += [(v,), (to_host[v], v), (to_host[v],)]
+        facts += [NodeLowering(Kind.EXTERN, dtype=model.facts[v].dtype, own_buffer=True)] * 3
+        nbytes += [s.nbytes[v] if offload.host_is_device else 0, 0, s.nbytes[v]]
+        names += [f"to_host({names[v]})", f"ready({names[v]})", f"to_device({names[v]})"]
+    return _Copies(to_host, ready, to_device, (tuple(fwd_inputs), tuple(bwd_inputs)), tuple(facts), tuple(nbytes),
+                   tuple(names))
 
 
 def elements(s: Schedule, facts: tuple[NodeLowering, ...]) -> tuple[int, ...]:

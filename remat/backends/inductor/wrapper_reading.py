@@ -85,11 +85,45 @@ def _name(node: Any) -> str | None:
         return None
 
 
+def _buffer(graph: Any, name: str) -> Any:
+    try:
+        return graph.get_buffer(name)
+    except Exception:  # noqa: BLE001 - its size is then unknown (GraphTrace.unknown)
+        return None
+
+
 def _scratch(node: Any) -> int:
     origin = getattr(node, "origin_node", None)
     if origin is None and hasattr(node, "get_origin_node"):
         origin = node.get_origin_node()
     return scratch_bytes(origin) if origin is not None else 0
+
+
+def _aliased(node: Any) -> str | None:
+    """The buffer a fallback kernel's output shares, when its schema returns an alias of an
+    input (remat's ``ready``, Note [Offload copies]; ``FallbackKernel.op_overload._schema``,
+    ``get_inputs_that_alias_output``: ``versions.HOOKS["read_offload_copies"]``): it allocates
+    nothing. None: it allocates."""
+    op = getattr(node, "op_overload", None)
+    if op is None:
+        return None
+    if not hasattr(op, "_schema") or not hasattr(node, "get_inputs_that_alias_output"):
+        drift("read_offload_copies", "OpOverload._schema, FallbackKernel.get_inputs_that_alias_output")
+        return None
+    returns = getattr(op._schema, "returns", None)
+    if not returns or any(r.alias_info is None or r.alias_info.is_write for r in returns):
+        return None
+    names = list(node.get_inputs_that_alias_output())
+    return names[0] if len(names) == 1 else None
+
+
+def _on_host(node: Any) -> bool:
+    """Whether a buffer lives in host memory (``get_device``): an offloaded value's host copy."""
+    try:
+        device = node.get_device()
+    except Exception:  # noqa: BLE001 - a node without a device allocates none
+        return False
+    return getattr(device, "type", None) == "cpu"
 
 
 def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
@@ -104,6 +138,17 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
         if isinstance(line, w.MultiOutputLine):
             results.setdefault(str(line.arg_name), []).append(str(line.result_name))
     born: set[str] = set()
+    # On a GPU, host buffers (an offloaded value's host copy) take none of the device's memory
+    # (versions.HOOKS["read_offload_copies"]).
+    if not hasattr(graph, "device_types"):
+        drift("read_offload_copies", "GraphLowering.device_types")
+    apart = any(t != "cpu" for t in getattr(graph, "device_types", ()))
+    host: set[str] = set()
+
+    def elsewhere(name: str, node: Any) -> bool:
+        if apart and node is not None and _on_host(node):
+            host.add(name)
+        return name in host
 
     def size(node: Any) -> int:
         n = _nbytes(graph, node) if node is not None else None
@@ -131,18 +176,28 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
             if name is not None:
                 events.append(Event("free", name))
         elif isinstance(line, w.ExternKernelAllocLine):
-            # The kernel allocates its outputs (a tuple's items become buffers by MultiOutputLine).
+            # The kernel allocates its outputs (a tuple's items become buffers by MultiOutputLine),
+            # unless they alias an input (then they name its storage).
             node = line.node
             name = node.get_name()
             multi = isinstance(node.layout, ir.MultiOutputLayout)
-            events.append(Event("alloc", name, 0 if multi else size(node)))
-            for r in results.get(name, []) if multi else []:
-                born.add(r)
-                events.append(Event("alloc", r, buffer_bytes(r)))
+            shared = _aliased(node)
+            items = results.get(name, []) if multi else []
+            for r in (name, *items):
+                if shared is not None:
+                    if shared in host:
+                        host.add(r)
+                    else:
+                        events.append(Event("reuse", r, 0, other=shared, drop=False))
+                elif not elsewhere(r, node if r == name else _buffer(graph, r)):
+                    events.append(Event("alloc", r, 0 if r == name and multi else
+                                        size(node) if r == name else buffer_bytes(r)))
+            born.update(items)
             events.append(Event("call", name, _scratch(node), label=name))
         elif isinstance(line, w.MultiOutputLine):
-            if line.result_name not in born:  # an item of a nested result
-                events.append(Event("alloc", line.result_name, buffer_bytes(line.result_name)))
+            r = line.result_name
+            if r not in born and not elsewhere(r, _buffer(graph, r)):  # an item of a nested result
+                events.append(Event("alloc", r, buffer_bytes(r)))
         elif isinstance(line, w.ExternKernelOutLine):
             events.append(Event("call", line.node.get_name(), _scratch(line.node), label=line.node.get_name()))
         elif isinstance(line, w.KernelCallLine):
@@ -151,7 +206,8 @@ def trace_of(graph: Any, lines: list[Any]) -> GraphTrace:
             events.append(Event("call", label=kind))
         elif isinstance(line, w.WrapperLine) and kind not in _IGNORED:
             unknown.append(kind)
-    inputs = tuple((name, _input_bytes(graph, v)) for name, v in graph.graph_inputs.items())
+    inputs = tuple((name, 0 if apart and _on_host(v) else _input_bytes(graph, v))
+                   for name, v in graph.graph_inputs.items())
     outputs = tuple(_name(o) for o in graph.graph_outputs)
     return GraphTrace(tuple(events), inputs, outputs, tuple(unknown))
 

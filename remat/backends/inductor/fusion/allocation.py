@@ -247,7 +247,7 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], g: Fusio
             for u in sorted(reads[v]):
                 s = alias.get(u, u)
                 earlier = group_of.get(s, i) < i or (in_kernel and group_of.get(s) == i and pos[s] < pos[v])
-                if (s in lowered.stored and s not in keep and s not in taken and earlier
+                if (s in lowered.stored and s not in keep and s not in taken and earlier and not g.facts[s].own_buffer
                         and last.get(s, (-1, -1))[0] == i and (last[s][1] == pos[v] or group_of.get(s, i) < i)
                         and nbytes[s] == nbytes[v] and g.dtype(s) == g.dtype(v)):
                     alias[v], last[s] = s, max(last[s], last.get(v, (i, pos[v])))

@@ -63,7 +63,7 @@ def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float) ->
     for i, grp in enumerate(groups):
         for a in grp:
             key = (nbytes[a], g.dtype(a))
-            if a not in holders or not pool.get(key):
+            if a not in holders or not pool.get(key) or g.facts[a].own_buffer:
                 continue
             f, j = pool[key].pop()
             lo, hi = end[j] + 1, end[i]  # Inductor's peak_between: kernels strictly between
@@ -78,7 +78,7 @@ def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float) ->
             else:
                 pool[key].append((f, j))
         for s in sorted(dying.pop(i, ())):
-            if s not in given:
+            if s not in given and not g.facts[s].own_buffer:
                 pool.setdefault((nbytes[s], g.dtype(s)), []).append((s, i))
     return alias
 

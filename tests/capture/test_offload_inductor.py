@@ -1,0 +1,199 @@
+"""Offload under the Inductor backend (``offload=`` with ``backend="inductor"``, Note [Offload
+copies], Note [Offloaded values in Inductor's kernels]): gradients equal eager autograd's; in the
+code Inductor generates, each offloaded value's ``to_host`` comes after its last forward use and
+its device buffer lives until the forward's ``ready`` (no buffer takes it before), the copy back
+is allocated by ``to_device`` where the plan issues it and waited for before its first backward
+use; host copies are freed with the step; the predicted peak equals the one read from the
+compiled code."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import re
+import weakref
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._inductor.utils import run_and_get_code
+
+import remat
+
+pytestmark = pytest.mark.inductor
+
+
+def _mlp(depth=4, width=256):
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())])
+
+
+def _step(mod, x):
+    mod(x).square().mean().backward()
+
+
+def _call_lines(code: str) -> list[str]:
+    """The body of the generated ``call``, one stripped line each, without its argument
+    unpacking and size checks."""
+    body = code[code.index("def call(self, args):"):]
+    lines = [ln.strip() for ln in body[:body.index("return (")].splitlines()[1:]]
+    return [ln for ln in lines if ln and not ln.endswith("= args") and not ln.startswith("assert_")]
+
+
+def _refs(line: str, name: str) -> bool:
+    return re.search(rf"\b{name}\b", line) is not None
+
+
+def _aliases(lines: list[str], name: str) -> set[str]:
+    """``name`` and the buffers the wrapper binds to it (``buf4 = buf3``)."""
+    out = {name}
+    for ln in lines:
+        m = re.fullmatch(r"(buf\d+) = (buf\d+)", ln)
+        if m and m.group(2) in out:
+            out.add(m.group(1))
+    return out
+
+
+def _check_forward(lines: list[str]) -> int:
+    """Each copy out: nothing but its ``ready`` reads the value after it, no buffer takes the
+    value's before that ``ready``, and the value is freed right after it. Returns the count."""
+    copies = [(k, m) for k, ln in enumerate(lines)
+              if (m := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\((\w+), True\)", ln))]
+    for k, m in copies:
+        host, value = _aliases(lines, m.group(1)), m.group(2)
+        later = [ln for ln in lines[k + 1:] if _refs(ln, value)]
+        ready, free = later[0], later[1]
+        assert re.fullmatch(rf"buf\d+ = torch\.ops\.remat\.ready\.default\((\w+), {value}\)", ready), later
+        assert re.search(r"default\((\w+),", ready).group(1) in host
+        assert free == f"del {value}" and len(later) == 2, later  # freed after the ready, not reused before it
+    return len(copies)
+
+
+def _check_backward(lines: list[str], reload_before: dict[str, str]) -> int:
+    """Each copy back: its host copy read by ``to_device`` alone; ``ready`` of it before any
+    kernel reads it, and ``to_device`` before the op the plan issues it at (found by the
+    ``Source Nodes`` comment Inductor writes above a kernel). Returns the count."""
+    copies = [(k, m) for k, ln in enumerate(lines)
+              if (m := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_device\.default\((\w+), device\(.*\)\)", ln))]
+    for k, m in copies:
+        back, host = _aliases(lines, m.group(1)), m.group(2)
+        assert [ln for ln in lines if _refs(ln, host)] == [lines[k], f"del {host}"]
+        (r, ready), = [(j, ln) for j, ln in enumerate(lines) if ln.startswith("buf") and "remat.ready" in ln
+                       and re.search(r"default\((buf\d+)\)", ln) and re.search(r"default\((buf\d+)\)", ln).group(1)
+                       in back]
+        assert k < r
+        waited = _aliases(lines, ready.split(" = ")[0])
+        readers = [j for j, ln in enumerate(lines) if any(_refs(ln, b) for b in waited | back)
+                   and not re.fullmatch(r"del buf\d+|buf\d+ = buf\d+|.*remat\.(to_device|ready).*", ln)]
+        assert readers and min(readers) > r, (ready, readers)
+        planned = [j for j, ln in enumerate(lines) if ln.startswith("# Topologically Sorted Source Nodes:")
+                   and re.search(rf"[\[ ,]{reload_before[host]}[\],]", ln)]
+        assert not planned or k < min(planned), (host, reload_before[host])
+    return len(copies)
+
+
+def test_gradients_equal_eagers_and_the_copies_stay_where_the_pass_put_them():
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
+    _, codes = run_and_get_code(_step, m, x)
+    ref = copy.deepcopy(base)
+    _step(ref, x)
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    (plan,) = remat.compiled_plans(m)
+    assert [o.name for o in plan.offloaded] == ["tanh", "tanh_1", "tanh_2", "sub"]
+    assert all(o.released_after and o.reload_before for o in plan.offloaded)
+    (bw,) = [c for c in codes if "tangents_1" in c]
+    (fw,) = [c for c in codes if c is not bw]
+    assert _check_forward(_call_lines(fw)) == len(plan.offloaded)
+    assert _check_backward(_call_lines(bw), {o.name: o.reload_before for o in plan.offloaded}) == len(plan.offloaded)
+    # the next step runs the same code
+    for p in m.parameters():
+        p.grad = None
+    _step(m, x)
+    torch.testing.assert_close(next(m.parameters()).grad, next(ref.parameters()).grad)
+
+
+def test_the_predicted_peak_is_the_compiled_ones():
+    # On CPU the host is the device: the host copies count, and the copies save nothing (the
+    # plan without offload reads the same peak); the step model replays them kernel by kernel.
+    base, x = _mlp(), torch.randn(512, 256)
+    torch._dynamo.reset()
+    moved = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
+    _step(moved, x)
+    (plan,) = remat.compiled_plans(moved)
+    assert plan.offloaded and plan.compiled_peak_bytes > 0
+    assert plan.simulated_peak_bytes == plan.compiled_peak_bytes == plan.predicted_peak_bytes
+    assert any("their host copies count in the peak" in n for n in plan.notes), plan.notes
+    torch._dynamo.reset()
+    plain = remat.checkpoint(copy.deepcopy(base), strict=True)
+    _step(plain, x)
+    (before,) = remat.compiled_plans(plain)
+    assert before.saved == plan.saved and before.compiled_peak_bytes == plan.compiled_peak_bytes
+
+
+def test_host_copies_live_between_the_halves_and_are_freed_with_the_step(monkeypatch):
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
+    _step(m, x)  # compiles both halves; their code calls torch.ops.remat.to_host.default by name
+    made, real = [], torch.ops.remat.to_host.default
+
+    def to_host(*args):
+        out = real(*args)
+        made.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(torch.ops.remat.to_host, "default", to_host)
+    loss = m(x).square().mean()
+    gc.collect()
+    assert len(made) == 4 and all(r() is not None for r in made)  # held by autograd for the backward
+    loss.backward()
+    del loss
+    gc.collect()
+    assert all(r() is None for r in made)
+
+
+def test_offload_auto_on_cpu_moves_nothing_and_says_why():
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), offload="auto", strict=True)
+    _step(m, x)
+    (plan,) = remat.compiled_plans(m)
+    assert plan.offloaded == ()
+    assert "offload='auto': nothing offloaded, the device is the host (CPU)" in plan.notes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
+    torch._dynamo.reset()
+    base, x = _mlp(depth=8, width=2048).cuda(), torch.randn(8192, 2048, device="cuda")
+
+    def step(mod):
+        for p in mod.parameters():
+            p.grad = None
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        mod(x).square().mean().backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    ref = copy.deepcopy(base)
+    plain = remat.checkpoint(copy.deepcopy(base), tune=False)
+    moved = remat.checkpoint(copy.deepcopy(base), tune=False, offload=mode)
+    for _ in range(2):  # the first step compiles
+        peaks = [step(m) for m in (ref, plain, moved)]
+    for (k, p), q in zip(moved.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    (plan,) = remat.compiled_plans(moved)
+    if mode == "auto" and not plan.offloaded:
+        assert any("no copy is hidden" in n for n in plan.notes), plan.notes
+        return
+    assert plan.offloaded and all(o.released_after for o in plan.offloaded)
+    if mode == "auto":
+        assert plan.offload_stall_seconds == 0.0  # only what the step hides
+    assert peaks[2] < peaks[1], peaks
+    # the read peak counts no host buffer: the step model's prediction, with the copies
+    assert plan.compiled_peak_bytes == pytest.approx(plan.simulated_peak_bytes, rel=0.02), plan.notes
+    assert plan.compiled_peak_bytes == pytest.approx(peaks[2], rel=0.05), (plan.compiled_peak_bytes, peaks)
