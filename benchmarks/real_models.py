@@ -70,7 +70,9 @@ each per round, and that median is the row's step ms (``timing`` says so; the se
 stays as ``ms_sequential``). Use it where ratios within a few percent matter.
 
 "remat bX" budgets are fractions of remat's predicted eager peak; "remat @ckpt peak" is the
-budget in bytes equal to compile+ckpt's measured peak (this run's, else the anchors file's).
+budget in bytes equal to compile+ckpt's measured peak (this run's, else the anchors file's). A
+remat strategy's name followed by " unsliced" ("remat @ckpt peak unsliced") plans the graph as
+captured only (``chunking=None``): no plan runs an LM head and its loss in slices of rows.
 Infeasible budgets, out-of-memory and per-strategy timeouts are recorded in the row.
 """
 
@@ -111,6 +113,9 @@ STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", 
               "remat offload all")
 OFFLOAD = {"remat uncompiled": False, "remat offload auto": "auto", "remat offload all": "all"}
 """remat's uncompiled backend (``offload=`` runs there only so far), untuned, without and with offload."""
+UNSLICED = " unsliced"
+"""A remat strategy's name with this suffix plans the graph as captured only (``chunking=None``):
+no plan runs a row region in slices (Note [Row chunks] in ``remat/analysis/rows.py``)."""
 ANCHORS = ("eager", "eager+ckpt", "compile b0.5", "compile+ckpt")
 NORMAL = ("eager", "compile", "remat", "remat b0.75", "remat b0.5", "remat b0.3", "remat @ckpt peak")
 COMPILED = ("compile", "compile b0.5", "compile+ckpt")
@@ -128,6 +133,8 @@ def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, co
     ``remat_kw`` to ``remat.checkpoint`` (``long_context.py``: backends, ``dynamic``, a budget)."""
     nothing = contextlib.nullcontext()
     ck, rk = compile_kw or {}, remat_kw or {}
+    if name.startswith("remat") and name.endswith(UNSLICED):  # the graph as captured only (Note [Row chunks])
+        name, rk = name[: -len(UNSLICED)], {**rk, "chunking": None}
     if name == "eager":
         return model, nothing
     if name in ("eager+ckpt", "compile+ckpt") and wl.with_ckpt is None:
@@ -665,7 +672,7 @@ def load_anchor_peaks(path: str) -> dict[str, int]:
 def strategy_list(args) -> list[str]:
     names = list(args.strategies or (ANCHORS if args.anchors else NORMAL))
     for n in names:
-        if n not in STRATEGIES:
+        if n not in STRATEGIES and not (n.endswith(UNSLICED) and n[: -len(UNSLICED)] in STRATEGIES):
             raise SystemExit(f"unknown strategy {n!r}; expected some of {STRATEGIES}")
     if "compile" not in names and not args.no_compile:  # the denominator of every ratio
         names.insert(1 if names and names[0] == "eager" else 0, "compile")

@@ -6,7 +6,6 @@ models' sizes.) To see the values: ``python -m tests.planning.test_plan_pins``."
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import hashlib
 import os
@@ -26,6 +25,17 @@ BUDGETS = (None, 0.9, 0.8, 0.7, 0.6, 0.5)
 CASES = [("vit", "inductor"), ("resnet", "inductor"), ("gpt2", "inductor"), ("resnet", "eager")]
 
 
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of joint graph ``gm`` to plan: its nodes anew, their meta shared (a joint graph's fake
+    values do not all deep-copy: HF GPT-2's, with its loss in the graph, does not)."""
+    graph = torch.fx.Graph()
+    out, old_out = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    graph.output(out).meta = dict(old_out.meta)
+    copied = torch.fx.GraphModule(gm, graph)
+    copied.meta = dict(gm.meta)
+    return copied
+
+
 def capture(name: str, backend: str):
     """The joint graph ``remat.explain`` plans (its largest), with the planner's other arguments."""
     torch._dynamo.reset()  # else a second capture recompiles ``capture``'s lambda with dynamic shapes
@@ -35,7 +45,7 @@ def capture(name: str, backend: str):
 
     def grab(gm, *args, **kwargs):
         if "gm" not in grabbed or len(gm.graph.nodes) > len(grabbed["gm"].graph.nodes):
-            grabbed.update(gm=copy.deepcopy(gm), args=args, kwargs=kwargs)
+            grabbed.update(gm=_copy(gm), args=args, kwargs=kwargs)
         return real(gm, *args, **kwargs)
 
     partition.plan_joint_graph = grab
@@ -60,7 +70,7 @@ def pins(name: str, backend: str) -> dict:
     for budget in BUDGETS:
         opts = dataclasses.replace(options, budget=budget)
         try:
-            p = planner.plan_joint_graph(copy.deepcopy(g["gm"]), nfo, static, opts, True, back, **g["kwargs"])
+            p = planner.plan_joint_graph(_copy(g["gm"]), nfo, static, opts, True, back, **g["kwargs"])
         except remat.InfeasibleBudgetError:
             out[budget] = "infeasible"
             continue
@@ -93,12 +103,15 @@ PINNED = {  # remade when the Inductor peak model changed (Note [Broadcast reali
         None: '554802f50b12', 0.9: '554802f50b12', 0.8: 'c05c1298676e',
         0.7: 'infeasible', 0.6: 'infeasible', 0.5: 'infeasible',
     },
+    # GPT-2 remade when a logger call stopped splitting the graph (Note [Logging does not split the
+    # graph] in remat/compat.py): its loss is now in the one graph planned, and every budget from 0.9
+    # to 0.5 of eager's peak takes the default plan.
     ('gpt2', 'inductor'): {
         "frontier": [
-            '23e0ead63506',
+            'ef7293a23843', 'a1e30725cf1a', '2d90e427371f', '13da0d39d958',
         ],
-        None: '23e0ead63506', 0.9: '23e0ead63506', 0.8: '23e0ead63506',
-        0.7: '23e0ead63506', 0.6: 'infeasible', 0.5: 'infeasible',
+        None: 'ef7293a23843', 0.9: 'ef7293a23843', 0.8: 'ef7293a23843',
+        0.7: 'ef7293a23843', 0.6: 'ef7293a23843', 0.5: 'ef7293a23843',
     },
     ('resnet', 'eager'): {
         "frontier": [
