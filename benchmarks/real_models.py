@@ -259,6 +259,7 @@ def plan_fields(fn: Callable) -> dict:
         "recompute_counts": [p.recompute_counts() for p in plans],
         # measured plans (remat.tuning): each graph's candidates (name, median s, peak bytes) and winner
         "origin": [p.origin for p in plans],
+        "row_chunks": [[r.describe() for r in p.row_chunks] for p in plans],
         "chosen_by": [p.chosen_by for p in plans],
         "measured": [[list(m) for m in p.measured] for p in plans],
         # offload (remat.planning.offload): host bytes, estimated stall, values moved

@@ -207,8 +207,33 @@ def logging_in_graph() -> Any:
     if not hasattr(config, "ignore_logger_methods"):
         drift("ignore_logging", "torch._dynamo.config.ignore_logger_methods")
         return contextlib.nullcontext()
-    methods = {v for k, v in vars(logging.Logger).items() if callable(v) and k.split("_")[0] in LOG_METHODS}
+    methods = {_LogMethod(v) for k, v in vars(logging.Logger).items() if callable(v) and k.split("_")[0] in LOG_METHODS}
     return config.patch(ignore_logger_methods=set(config.ignore_logger_methods) | methods)
+
+
+class _LogMethod(str):
+    """A logger method as Dynamo's ignore set holds it: equal to the method (and hashed as it), so
+    Dynamo's ``method in ignore_set`` finds it, and a string of its name, so the set sorts and dumps
+    to JSON where torch 2.11 logs Dynamo's settings after each compile (its blocklist of settings
+    not to log misses ``ignore_logging_functions``, and a set of functions does not sort: every
+    compile logged a ``TypeError``; ``versions.HOOKS["ignore_logging"]``)."""
+
+    fn: Any
+
+    def __new__(cls, fn: Any) -> _LogMethod:
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+        obj = super().__new__(cls, f"{getattr(fn, '__module__', '')}.{name}")
+        obj.fn = fn
+        return obj
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self.fn or (isinstance(other, _LogMethod) and other.fn is self.fn)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
 
 
 def active_ddp_module() -> Any:

@@ -226,7 +226,10 @@ HOOKS: dict[str, Hook] = {
         ("torch._dynamo.config.ignore_logger_methods",), ("remat.compat", "remat.capture.wrap"),
         ("2.11", "2.13", "2.14"), OnDrift.WARN,
         "A logger call in the model splits its graph again (HF GPT-2's loss becomes a graph of its own).",
-        "Named ignore_logging_functions from 2.13 on, with ignore_logger_methods kept as its alias."),
+        "Named ignore_logging_functions from 2.13 on, with ignore_logger_methods kept as its alias. Torch 2.11 "
+        "sorts and dumps that set to JSON after every compile (its blocklist names only the old key): the set holds "
+        "string-like wrappers equal to the methods (compat._LogMethod); seen on an H100 with 2.11, plain functions "
+        "logged a TypeError at each compile."),
     "default_store": Hook(
         "the default process group's key-value store (ranks agree on plans)",
         ("torch.distributed.distributed_c10d._get_default_store",), ("remat.compat",), ("2.13",), OnDrift.FAILS,
