@@ -240,17 +240,23 @@ def test_under_inductor_a_sliced_plan_keeps_its_budget_and_eagers_gradients():
     assert abs(measured - plan.predicted_peak_bytes) <= 0.02 * measured
 
 
+def _rel_err(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    num = sum(float((got[k].float() - want[k].float()).square().sum()) for k in want)
+    den = sum(float(want[k].float().square().sum()) for k in want)
+    return (num / den) ** 0.5
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_a_sliced_bf16_plan_keeps_its_budget_and_gradients():
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    base = HeadLM().to(dev, torch.bfloat16)
+    base = HeadLM().to(dev)
     ids, labels = (t.to(dev) for t in _inputs(8, 512))
     kw = dict(chunking=remat.Chunking(min_rows=256, slice_bytes=1), tune=False)
-    default = remat.explain(remat.checkpoint(copy.deepcopy(base), **kw), ids, labels)
-    budget = int(0.6 * default.predicted_peak_bytes)
-    m = remat.checkpoint(copy.deepcopy(base), budget=budget, **kw)
-    ref = copy.deepcopy(base)
+    bf16 = copy.deepcopy(base).to(torch.bfloat16)
+    unsliced = remat.pareto(remat.checkpoint(copy.deepcopy(bf16), **{**kw, "chunking": None}), ids, labels)
+    budget = int(0.9 * min(p.predicted_peak_bytes for p in unsliced.points))  # below every unsliced plan
+    m = remat.checkpoint(copy.deepcopy(bf16), budget=budget, **kw)
     m(ids, labels).backward()
     for p in m.parameters():
         p.grad = None
@@ -260,9 +266,14 @@ def test_on_cuda_a_sliced_bf16_plan_keeps_its_budget_and_gradients():
     m(ids, labels).backward()
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - before
-    ref(ids, labels).backward()
-    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad.float(), q.grad.float(), rtol=2e-2, atol=2e-2, msg=k)
     (plan,) = remat.compiled_plans(m)
-    assert plan.row_chunks
-    assert measured <= budget * 1.02
+    assert plan.row_chunks, plan.notes
+    assert measured <= budget * 1.02, (measured, budget, plan.predicted_peak_bytes)
+    # against float32 autograd: no further from it than eager autograd in bf16 is, up to a factor of 2
+    ref32, ref16 = copy.deepcopy(base), copy.deepcopy(bf16)
+    ref32(ids, labels).backward()
+    ref16(ids, labels).backward()
+    want = {k: p.grad for k, p in ref32.named_parameters()}
+    err = _rel_err({k: p.grad for k, p in m.named_parameters()}, want)
+    eager_err = _rel_err({k: p.grad for k, p in ref16.named_parameters()}, want)
+    assert err <= max(2 * eager_err, 1e-3), (err, eager_err)
