@@ -137,7 +137,8 @@ def probe(model: Any, args: tuple, kwargs: dict, overrides: dict[str, Any], want
         compiled = functools.partial(compiled_entry(model, explainer, options.dynamic), model)
     else:
         fn = getattr(model, "__wrapped__", model) if rb is not None else model
-        compiled = rethrow_remat_errors(torch.compile(fn, backend=explainer, dynamic=options.dynamic), fn)
+        compiled = rethrow_remat_errors(torch.compile(fn, backend=explainer, dynamic=options.dynamic), fn,
+                                        logging_in_graph=options.budget is not None)
     with untouched(model, args, kwargs), torch.enable_grad(), distributed.unsplit_by_ddp():
         compiled(*args, **kwargs)
     return _found_graphs(explainer)

@@ -18,6 +18,7 @@ None of them refers to the module strongly (Note [No reference cycle]).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -44,7 +45,7 @@ _COUNTER = itertools.count()
 
 
 def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any],
-                         takes_module: bool = False) -> Callable[..., Any]:
+                         takes_module: bool = False, logging_in_graph: bool = False) -> Callable[..., Any]:
     """Dynamo wraps backend exceptions in ``BackendCompilerFailed``; surface our own
     ``RematError`` unchanged so users see the ``remat:`` message first. When the model itself
     fails while Dynamo traces it (a wrong input shape) or while its compiled graphs run (an
@@ -52,12 +53,14 @@ def rethrow_remat_errors(fn: Callable[..., Any], run_eagerly: Callable[..., Any]
     (``dynamo_errors.model_error``; ``run_eagerly`` reproduces it without remat), and one when
     the model cannot take the inputs it is called with.
     With ``takes_module`` the first argument is the module (``_entry``), not one of the inputs
-    the error lists."""
+    the error lists. With ``logging_in_graph`` (a budget), logger calls do not split the graph
+    (Note [Logging does not split the graph] in ``remat.compat``)."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        try:  # logger calls do not split the graph: versions.HOOKS["ignore_logging"]
-            with quiet_fake_tensor_errors(), compat.logging_in_graph():
+        logs = compat.logging_in_graph() if logging_in_graph else contextlib.nullcontext()  # HOOKS["ignore_logging"]
+        try:
+            with quiet_fake_tensor_errors(), logs:
                 return fn(*args, **kwargs)
         except RematError:
             raise
@@ -132,7 +135,8 @@ def compiled_entry(module: nn.Module, backend: RematBackend, dynamic: bool | Non
     """``torch.compile`` of ``_entry(module)`` with remat's backend, raising ``remat:`` errors
     first (``rethrow_remat_errors``); call it with the module first, as the entry."""
     entry = _entry(module)
-    return rethrow_remat_errors(torch.compile(entry, backend=backend, dynamic=dynamic), entry, takes_module=True)
+    return rethrow_remat_errors(torch.compile(entry, backend=backend, dynamic=dynamic), entry, takes_module=True,
+                                logging_in_graph=backend.options.budget is not None)
 
 
 def _own_forward(module: nn.Module) -> Callable[..., Any]:
@@ -337,7 +341,8 @@ class WrappedFunction:
         functools.update_wrapper(self, fn)
         self._fn = fn
         setattr(self, _ATTR, rb)
-        self._compiled = rethrow_remat_errors(torch.compile(fn, backend=rb, dynamic=rb.options.dynamic), fn)
+        self._compiled = rethrow_remat_errors(torch.compile(fn, backend=rb, dynamic=rb.options.dynamic), fn,
+                                              logging_in_graph=rb.options.budget is not None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rb = getattr(self, _ATTR)

@@ -103,15 +103,15 @@ PINNED = {  # remade when the Inductor peak model changed (Note [Broadcast reali
         None: '554802f50b12', 0.9: '554802f50b12', 0.8: 'c05c1298676e',
         0.7: 'infeasible', 0.6: 'infeasible', 0.5: 'infeasible',
     },
-    # GPT-2 remade when a logger call stopped splitting the graph (Note [Logging does not split the
-    # graph] in remat/compat.py): its loss is now in the one graph planned, and every budget from 0.9
-    # to 0.5 of eager's peak takes the default plan.
+    # GPT-2 remade when the capture stopped deep-copying the joint graph (``_copy``): the model's
+    # graph does not deep-copy (a fake value's storage), so ``grab`` failed on it and these pins were
+    # the loss graph's (the largest that copied); they are now the model's own graph.
     ('gpt2', 'inductor'): {
         "frontier": [
-            'ef7293a23843', 'a1e30725cf1a', '2d90e427371f', '13da0d39d958',
+            'fa7c4819550a', '26efe2327e15', '9547b84719ab', 'f977071bf0aa',
         ],
-        None: 'ef7293a23843', 0.9: 'ef7293a23843', 0.8: 'ef7293a23843',
-        0.7: 'ef7293a23843', 0.6: 'ef7293a23843', 0.5: 'ef7293a23843',
+        None: 'fa7c4819550a', 0.9: 'fa7c4819550a', 0.8: 'fa7c4819550a',
+        0.7: 'fa7c4819550a', 0.6: 'fa7c4819550a', 0.5: '26efe2327e15',
     },
     ('resnet', 'eager'): {
         "frontier": [
