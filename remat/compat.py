@@ -220,9 +220,9 @@ def logging_in_graph() -> Any:
 class _LogMethod(str):
     """A logger method as Dynamo's ignore set holds it: equal to the method (and hashed as it), so
     Dynamo's ``method in ignore_set`` finds it, and a string of its name, so the set sorts and dumps
-    to JSON where torch 2.11 logs Dynamo's settings after each compile (its blocklist of settings
-    not to log misses ``ignore_logging_functions``, and a set of functions does not sort: every
-    compile logged a ``TypeError``; ``versions.HOOKS["ignore_logging"]``)."""
+    to JSON where a torch release logs Dynamo's settings after each compile without leaving this
+    one out (a set of functions does not sort: every compile logged a ``TypeError``;
+    ``versions.HOOKS["ignore_logging"]`` says which releases)."""
 
     fn: Any
 
