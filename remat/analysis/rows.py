@@ -26,6 +26,15 @@ row sums they feed. Its narrow inputs are sliced (views), its narrow row outputs
 its sums added (``remat.planning.chunking`` rewrites the graph).
 
 Shapes must be static: a symbolic row count is left unchunked.
+
+Note [Narrow results stored per slice]
+A narrow result the region hands on (a gather of each row's log-probability) is concatenated
+from its slices. Inductor computes an element-wise value where it is read, so the concatenation,
+after the last slice, would read every slice's logits: under its model, a 4,096-row head of
+16,384 words held all 16 slices' logits at the end of the forward (128 MiB against a slice's
+8 MiB). So the element-wise ops after such a result belong to the region up to the reduction that
+stores them (the loss's sum over rows, itself a row sum added over the slices); a matmul's or a
+reduction's narrow result is stored where it runs and is concatenated as it is.
 """
 
 from __future__ import annotations
@@ -454,10 +463,38 @@ def _grow(seed: fx.Node, known: Known, assigned: dict[fx.Node, Assignment], wide
     # the ops that narrow a wide tensor (a row statistic, a gather, dh's matmul) run per slice too,
     # so that only their narrow results are concatenated
     region |= {u for n in region for u in n.users if u in rows_nodes}
+    # and a narrow result computed element by element from a wide one (a gather of the
+    # log-probabilities) is followed to the reduction that stores it (the loss's sum): Inductor
+    # computes such a value where it is read, and a concatenation at the end of the forward read
+    # every slice's logits there, all of them alive (Note [Narrow results stored per slice])
+    region |= _to_reduction(region, rows_nodes | {n for n in assigned if assigned[n][n] is SUM})
     factories = {u for n in region for u in n.all_input_nodes
                  if assigned.get(u, {}).get(u) is FACTORY and all(w in region for w in u.users)}
     sums = {u for n in region for u in n.users if u in assigned and assigned[u][u] is SUM}
     return region | factories | sums
+
+
+def _stores(n: fx.Node) -> bool:
+    """Whether ``n`` stores its result (a matmul or a reduction), not computed where it is read."""
+    name = op_name(n)
+    return name in _REDUCTIONS or name in ("aten.sum.default", "aten.mm.default", "aten.addmm.default")
+
+
+def _to_reduction(region: set[fx.Node], within: set[fx.Node]) -> set[fx.Node]:
+    """The ops after ``region``'s narrow element-wise exits, up to the reductions they reach
+    (``within`` the row-aligned ops), on paths that end in one."""
+    starts = {n for n in region if not _stores(n) and any(u not in region for u in n.users)}
+    seen: set[fx.Node] = set()
+    work = [u for n in starts for u in n.users if u in within and u not in region]
+    while work:
+        v = work.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if not _stores(v):
+            work.extend(u for u in v.users if u in within and u not in region)
+    ends = {v for v in seen if _stores(v)}
+    return ends | (_reach(ends, seen, forward=False) & seen)
 
 
 def _rows_total(n: fx.Node, rows_of: dict[fx.Node, Rows]) -> float:
