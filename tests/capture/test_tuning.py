@@ -245,3 +245,29 @@ def test_a_later_graph_leaves_room_for_any_candidate_the_earlier_one_measures(co
     p0, p1 = remat.compiled_plans(model)[:2]
     assert p1.budget_bytes == budget - max(first)
     assert p0.saved_bytes <= max(first)
+
+
+def test_under_a_budget_a_candidate_simulated_over_it_is_not_run(costs, tmp_path, monkeypatch):
+    # Note [Candidates under a budget]: under a hard memory cap a candidate's step over the budget
+    # runs out of memory instead of being measured, and Inductor's read peak can be below the step;
+    # a candidate the simulator puts over the budget is not run, whatever its read peak.
+    from dataclasses import replace
+
+    from remat.capture import partition
+
+    real = partition.plan_of_saved
+
+    def oversized(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        return replace(plan, simulated_peak_bytes=10 * plan.predicted_peak_bytes)
+
+    monkeypatch.setattr(partition, "plan_of_saved", oversized)
+    costs.update({"*": 1.0})
+    torch.manual_seed(0)
+    model = remat.checkpoint(copy.deepcopy(Net()), backend="eager", budget=1.0,
+                             tune=remat.Tuning(devices=("*",), samples=2, cache_dir=str(tmp_path)))
+    steps(model, 11)
+    (plan,) = remat.compiled_plans(model)
+    measured = [m[0] for m in plan.measured]
+    assert measured and STOCK not in measured
+    assert plan.predicted_peak_bytes <= plan.budget_bytes
