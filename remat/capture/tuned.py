@@ -7,7 +7,8 @@ partition of the same graph (``Tuning.compile_candidate``), each with its backwa
 once so that its peak is read before any step runs. Under a budget a candidate whose read peak or
 simulated peak misses it is not measured (Note [Candidates under a budget]). While a graph's
 candidates are measured, a graph the step runs after it is given the budget less the most any of
-them saves (``saved_while_measuring``, Note [Step budget]): whichever wins, the step keeps the budget. The winner keeps the budget it was
+them saves (``saved_while_measuring``, Note [Step budget]): whichever wins, the step keeps the
+budget. The winner keeps the budget it was
 measured under (``Plan.budget_bytes``), also when it comes from the cache. The callable
 handed to Dynamo is a ``TunedGraph`` (``remat.capture.measure``): it runs the candidates
 round-robin on the first training steps and keeps the smallest within ``Tuning.tolerance`` of
