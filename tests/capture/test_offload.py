@@ -135,9 +135,9 @@ def test_offload_options_are_checked():
     remat.checkpoint(_mlp(), offload="auto")  # either backend (Inductor: tests/capture/test_offload_inductor.py)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
-@pytest.mark.parametrize("mode", ["auto", "all"])
-def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
+def cuda_offload_peaks(backend: str, mode: str):
+    """An 8-layer float32 MLP on CUDA stepped eagerly, with remat, and with remat and ``offload=mode``;
+    the offloading model's gradients checked against eager's; its plan and the three measured peaks."""
     torch._dynamo.reset()
     base, x = _mlp(depth=8, width=2048).cuda(), torch.randn(8192, 2048, device="cuda")
 
@@ -151,13 +151,20 @@ def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
         return torch.cuda.max_memory_allocated() - before
 
     ref = copy.deepcopy(base)
-    plain = remat.checkpoint(copy.deepcopy(base), backend="eager", tune=False)
-    moved = remat.checkpoint(copy.deepcopy(base), backend="eager", tune=False, offload=mode)
+    plain = remat.checkpoint(copy.deepcopy(base), backend=backend, tune=False)
+    moved = remat.checkpoint(copy.deepcopy(base), backend=backend, tune=False, offload=mode)
     for _ in range(2):  # the first step compiles
         peaks = [step(m) for m in (ref, plain, moved)]
     for (k, p), q in zip(moved.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=k)
     (plan,) = remat.compiled_plans(moved)
+    return plan, peaks
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
+    plan, peaks = cuda_offload_peaks("eager", mode)
     if mode == "auto" and not plan.offloaded:
         # float32 matmuls are estimated at the bf16 rate: an MLP's 64 MiB activations take longer
         # over the host link than the compute between their uses (measured: none hidden on the H200)

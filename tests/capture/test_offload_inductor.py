@@ -20,6 +20,8 @@ from torch._inductor.utils import run_and_get_code
 
 import remat
 
+from .test_offload import cuda_offload_peaks
+
 pytestmark = pytest.mark.inductor
 
 
@@ -167,26 +169,7 @@ def test_offload_auto_on_cpu_moves_nothing_and_says_why():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
 @pytest.mark.parametrize("mode", ["auto", "all"])
 def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
-    torch._dynamo.reset()
-    base, x = _mlp(depth=8, width=2048).cuda(), torch.randn(8192, 2048, device="cuda")
-
-    def step(mod):
-        for p in mod.parameters():
-            p.grad = None
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        mod(x).square().mean().backward()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-
-    ref = copy.deepcopy(base)
-    plain = remat.checkpoint(copy.deepcopy(base), tune=False)
-    moved = remat.checkpoint(copy.deepcopy(base), tune=False, offload=mode)
-    for _ in range(2):  # the first step compiles
-        peaks = [step(m) for m in (ref, plain, moved)]
-    for (k, p), q in zip(moved.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=k)
-    (plan,) = remat.compiled_plans(moved)
+    plan, peaks = cuda_offload_peaks("inductor", mode)
     if mode == "auto" and not plan.offloaded:
         assert any("no copy is hidden" in n for n in plan.notes), plan.notes
         return
