@@ -14,6 +14,7 @@ baseline is simulated with the reference one (op by op). This stage never touche
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -179,16 +180,25 @@ def _chunked_candidates(gm: fx.GraphModule, reanalyze: Callable[[fx.GraphModule]
     """The candidates of ``gm`` rewritten with its row regions in slices (``remat.planning.chunking``,
     Note [Row chunks]): its own default cut (``Origin.CHUNKED``) and its hull, segment and nested
     plans, each plan listing the regions (``Plan.row_chunks``). Empty when ``gm`` has none."""
-    regions = chunkable(gm, options.chunking)
-    if not regions:
+    try:
+        regions = chunkable(gm, options.chunking)
+        if not regions:
+            return []
+        sliced = chunk_rows(gm, regions)
+        jg = reanalyze(sliced)
+        decided = decisions(jg, options, backend)
+        sol = _default_cut(jg, decided, dev)
+        plan = replace(build_plan(jg, sol.saved, sol.recomputed, decided, eager), origin=Origin.CHUNKED.value)
+        found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.CHUNKED, jg), sliced, reanalyze, jg,
+                           decided, options, backend, eager)
+    except PlanningError:
+        return []  # no valid cut of the sliced graph: the graph as captured is planned as before
+    except Exception as e:  # noqa: BLE001 - the graph as captured still has its plans
+        if options.strict:
+            raise
+        warnings.warn(f"remat: planning rows in slices failed ({type(e).__name__}: {e}); this graph's plans keep "
+                      "it as captured. Pass strict=True to raise, or chunking=None to skip slicing.", stacklevel=2)
         return []
-    sliced = chunk_rows(gm, regions)
-    jg = reanalyze(sliced)
-    decided = decisions(jg, options, backend)
-    sol = _default_cut(jg, decided, dev)
-    plan = replace(build_plan(jg, sol.saved, sol.recomputed, decided, eager), origin=Origin.CHUNKED.value)
-    found = candidates(Candidate(sol.saved, sol.recomputed, plan, Origin.CHUNKED, jg), sliced, reanalyze, jg,
-                       decided, options, backend, eager)
     rows = describe_chunks(regions)
     note = "rows in slices: " + "; ".join(r.describe() for r in rows)
     return [replace(c, jg=c.jg or jg, plan=replace(c.plan, row_chunks=rows, notes=(*c.plan.notes, note)))

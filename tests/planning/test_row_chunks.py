@@ -284,3 +284,20 @@ def test_on_cuda_a_sliced_bf16_plan_keeps_its_budget_and_gradients():
     err = _rel_err({k: p.grad for k, p in m.named_parameters()}, want)
     eager_err = _rel_err({k: p.grad for k, p in ref16.named_parameters()}, want)
     assert err <= max(2 * eager_err, 1e-3), (err, eager_err)
+
+
+def test_a_failure_to_slice_keeps_the_graph_as_captured_or_raises_under_strict(monkeypatch):
+    from remat.planning import planner
+
+    def broken(gm, regions):
+        raise RuntimeError("no slice")
+
+    monkeypatch.setattr(planner, "chunk_rows", broken)
+    torch.manual_seed(0)
+    ids, labels = _inputs()
+    kw = dict(backend="eager", chunking=remat.Chunking(min_rows=32, slice_bytes=1), tune=False)
+    with pytest.warns(UserWarning, match="remat: planning rows in slices failed \\(RuntimeError: no slice\\)"):
+        plan = remat.explain(remat.checkpoint(HeadLM(), **kw), ids, labels, budget=1.0)
+    assert not plan.row_chunks and plan.fallback is None
+    with pytest.raises(remat.RematError, match="no slice"):
+        remat.explain(remat.checkpoint(HeadLM(), strict=True, **kw), ids, labels, budget=1.0)
