@@ -58,16 +58,20 @@ def _aliases(lines: list[str], name: str) -> set[str]:
 
 def _check_forward(lines: list[str]) -> int:
     """Each copy out: nothing but its ``ready`` reads the value after it, no buffer takes the
-    value's before that ``ready``, and the value is freed right after it. Returns the count."""
+    value's before that ``ready``, and the value is freed (or reused) right after it. Returns the count."""
     copies = [(k, m) for k, ln in enumerate(lines)
               if (m := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\((\w+), True\)", ln))]
     for k, m in copies:
         host, value = _aliases(lines, m.group(1)), m.group(2)
         later = [ln for ln in lines[k + 1:] if _refs(ln, value)]
-        ready, free = later[0], later[1]
+        ready, free = later[0], later[1:]
         assert re.fullmatch(rf"buf\d+ = torch\.ops\.remat\.ready\.default\((\w+), {value}\)", ready), later
         assert re.search(r"default\((\w+),", ready).group(1) in host
-        assert free == f"del {value}" and len(later) == 2, later  # freed after the ready, not reused before it
+        # freed (or handed to a later buffer: torch 2.14 reuses it) right after the ready, never before
+        # it: the ready makes the compute stream wait for the copy, so what runs after it may write
+        # there; or, the ready being the forward's last kernel to read it, freed as the forward returns
+        assert len(free) <= 1 and all(re.fullmatch(rf"(buf\d+ = {value}; )?del {value}(  # reuse)?", ln)
+                                      for ln in free), later
     return len(copies)
 
 

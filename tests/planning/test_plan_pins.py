@@ -124,6 +124,19 @@ PINNED = {  # remade when the Inductor peak model changed (Note [Broadcast reali
 }
 
 
+PINNED_ON = {  # where a torch release plans a case otherwise: GPT-2's model graph decomposes differently
+    "2.14": {
+        ('gpt2', 'inductor'): {
+            "frontier": [
+                '0d625298285a', 'f01259d245b8', '523faf389217', 'd1568ff0c17c',
+            ],
+            None: '0d625298285a', 0.9: '0d625298285a', 0.8: '0d625298285a',
+            0.7: '0d625298285a', 0.6: '0d625298285a', 0.5: 'f01259d245b8',
+        },
+    },
+}
+
+
 @pytest.mark.slow
 def test_plans_are_pinned():
     """In a fresh process, as the pins were made: the graphs Dynamo captures depend on state
@@ -135,8 +148,11 @@ def test_plans_are_pinned():
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     got = ast.literal_eval("{" + "".join(line for line in out.stdout.splitlines() if line.startswith("    (")) + "}")
+    from remat.versions import torch_version
+
+    pinned = {**PINNED, **PINNED_ON.get(torch_version(), {})}
     for case in CASES:
-        assert got[case] == PINNED[case], case
+        assert got[case] == pinned[case], case
 
 
 if __name__ == "__main__":
