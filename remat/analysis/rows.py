@@ -40,7 +40,6 @@ reduction's narrow result is stored where it runs and is concatenated as it is.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -191,7 +190,7 @@ def _elementwise(n: fx.Node, known: Known, rows: int) -> Assignment | None:
             lay = BROADCAST
         else:
             return None
-        if known.get(a) not in (None, lay) and not (lay is BROADCAST and known.get(a) is FACTORY):
+        if known.get(a) not in (None, lay):
             return None
         got[a] = lay
     return got
@@ -320,8 +319,7 @@ def _indexing(n: fx.Node, known: Known, rows: int) -> Assignment | None:
         if any(_shape(a)[d] != _shape(n)[d] for d in lay.dims):
             return None
         got[a] = lay
-    if any(known.get(k) not in (None, v) and not (k.op == "call_function" and known.get(k) is FACTORY)
-           for k, v in got.items()):
+    if any(known.get(k) not in (None, v) for k, v in got.items()):
         return None
     return got
 
@@ -361,7 +359,7 @@ def _unsqueeze(n: fx.Node, known: Known, rows: int) -> Assignment | None:
 
 def _factory(n: fx.Node, known: Known, rows: int) -> Assignment | None:
     lo = _rows_of(known.get(n))
-    return {n: FACTORY} if lo is not None or known.get(n) is FACTORY else None
+    return {n: FACTORY} if lo is not None else None
 
 
 def _rule(n: fx.Node):
@@ -563,5 +561,3 @@ def row_regions(gm: fx.GraphModule) -> list[Region]:
         ))
     return out
 
-
-_ = operator  # getitem outputs are never region members (multi-output ops have no rule)
