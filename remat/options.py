@@ -63,7 +63,8 @@ class Options:
     """Regions that widen each row (an LM head and its loss: Note [Row chunks] in
     ``remat.analysis.rows``) also planned in slices of rows, so that a budget (or ``pareto``) can
     take a plan that never holds their wide tensors whole: a ``remat.Chunking`` says how they are
-    cut; ``None`` never. The default plan, without a budget, is planned on the graph as captured."""
+    cut; ``None`` never. The default plan, without a budget, is planned on the graph as captured
+    (a sliced frontier plan may still be measured and kept by ``tune``)."""
 
     def __post_init__(self) -> None:
         if self.chunking is not None and not isinstance(self.chunking, Chunking):
