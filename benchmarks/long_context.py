@@ -82,6 +82,10 @@ step seconds. Measured peak (``real_models`` protocol): gradients set to None be
 ``memory_allocated`` before it; the maximum over the timed steps. ``reserved_mib`` is the highest
 ``max_memory_reserved`` of the probe, what the cap bounds.
 
+Offload (issue 28). ``--cap-offload auto|all`` passes ``offload=`` to remat @cap, so its budget
+may be met by keeping saved activations in pinned host memory between the forward and the
+backward (``remat.planning.offload``) as well as by recomputing them; ``off`` (default) never.
+
 Time. ``--time-limit`` seconds for the whole run: each strategy gets a share of what is left,
 weighted by what it is expected to need (``WEIGHTS``), and is skipped (with a note) if its share
 is below what it needs to start; within its share the search does not start a probe it expects
@@ -415,6 +419,8 @@ class Runner:
             held = torch.cuda.memory_allocated() if cuda else 0
             self.budget = int(self.setup.cap_bytes - held - self.margin)
             remat_kw["budget"] = self.budget
+            if args.cap_offload != "off":
+                remat_kw["offload"] = args.cap_offload
         fn, _ = rm.make("remat" if self.name == CAP else self.name, self.model, self.wl, None,
                         compile_kw={"backend": args.compile_backend, "dynamic": dynamic}, remat_kw=remat_kw)
         self.hint = n
@@ -700,6 +706,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timing-s", type=float, default=None, help="stop timing a probe after this many seconds (4)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run")
     p.add_argument("--budget-margin", default="auto", help="remat @cap: 'auto' or a fraction of the cap")
+    p.add_argument("--cap-offload", choices=("off", "auto", "all"), default="off",
+                   help="remat @cap's offload= (issue 28): 'off' (False), 'auto' or 'all'")
     p.add_argument("--cap-start", type=int, default=None,
                    help="remat @cap's first length (default: the longest an earlier strategy reached)")
     p.add_argument("--start", type=int, default=None,

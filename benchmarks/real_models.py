@@ -109,13 +109,29 @@ from zoo import Workload  # noqa: E402, F401  (re-exported: tests build workload
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 """The four models of the headline table (``render_real_models.MODELS``); ``zoo.SUITE`` has them all."""
 STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", "remat", "remat untuned", "remat b0.75",
-              "remat b0.5", "remat b0.3", "remat @ckpt peak", "remat uncompiled", "remat offload auto",
-              "remat offload all")
+              "remat b0.5", "remat b0.3", "remat @ckpt peak", "remat @0.8 ckpt", "remat uncompiled",
+              "remat offload auto", "remat offload all")
 OFFLOAD = {"remat uncompiled": False, "remat offload auto": "auto", "remat offload all": "all"}
-"""remat's uncompiled backend (``offload=`` runs there only so far), untuned, without and with offload."""
+"""remat's uncompiled backend, untuned, without and with offload (the suffixes below offload on
+remat's own backend)."""
 UNSLICED = " unsliced"
 """A remat strategy's name with this suffix plans the graph as captured only (``chunking=None``):
 no plan runs a row region in slices (Note [Row chunks] in ``remat/analysis/rows.py``)."""
+SUFFIXES = {UNSLICED: {"chunking": None}, " +offload": {"offload": "auto"}, " +offload all": {"offload": "all"}}
+"""Suffixes a remat strategy's name may end with (at most one each, any order), each adding its
+``remat.checkpoint`` options: `` +offload``/`` +offload all`` keep saved activations in pinned
+host memory (issue 28; ``offload="auto"``/``"all"``) on whatever backend remat runs."""
+
+
+def split_suffixes(name: str) -> tuple[str, dict]:
+    """(the strategy's base name, the options its suffixes add)."""
+    extra: dict = {}
+    while name.startswith("remat"):
+        hit = next((s for s in sorted(SUFFIXES, key=len, reverse=True) if name.endswith(s)), None)
+        if hit is None:
+            break
+        name, extra = name[: -len(hit)], {**SUFFIXES[hit], **extra}
+    return name, extra
 ANCHORS = ("eager", "eager+ckpt", "compile b0.5", "compile+ckpt")
 NORMAL = ("eager", "compile", "remat", "remat b0.75", "remat b0.5", "remat b0.3", "remat @ckpt peak")
 COMPILED = ("compile", "compile b0.5", "compile+ckpt")
@@ -133,8 +149,8 @@ def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, co
     ``remat_kw`` to ``remat.checkpoint`` (``long_context.py``: backends, ``dynamic``, a budget)."""
     nothing = contextlib.nullcontext()
     ck, rk = compile_kw or {}, remat_kw or {}
-    if name.startswith("remat") and name.endswith(UNSLICED):  # the graph as captured only (Note [Row chunks])
-        name, rk = name[: -len(UNSLICED)], {**rk, "chunking": None}
+    name, extra = split_suffixes(name)  # unsliced (Note [Row chunks]), offload (issue 28)
+    rk = {**rk, **extra}
     if name == "eager":
         return model, nothing
     if name in ("eager+ckpt", "compile+ckpt") and wl.with_ckpt is None:
@@ -160,6 +176,11 @@ def make(name: str, model: nn.Module, wl: Workload, ckpt_peak: int | None, *, co
             raise NoAnchor("needs compile+ckpt's measured peak: measure compile+ckpt in this run (before this "
                            "strategy) or run --anchors on a GPU first")
         return remat.checkpoint(model, **{"budget": int(ckpt_peak), **rk}), nothing
+    if name == "remat @0.8 ckpt":  # issue 28's target: 0.8x compile+ckpt's measured peak
+        if not ckpt_peak:
+            raise NoAnchor("needs compile+ckpt's measured peak: measure compile+ckpt in this run (before this "
+                           "strategy) or run --anchors on a GPU first")
+        return remat.checkpoint(model, **{"budget": int(0.8 * ckpt_peak), **rk}), nothing
     raise ValueError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
 
 
@@ -673,16 +694,18 @@ def load_anchor_peaks(path: str) -> dict[str, int]:
 def strategy_list(args) -> list[str]:
     names = list(args.strategies or (ANCHORS if args.anchors else NORMAL))
     for n in names:
-        if n not in STRATEGIES and not (n.endswith(UNSLICED) and n[: -len(UNSLICED)] in STRATEGIES):
-            raise SystemExit(f"unknown strategy {n!r}; expected some of {STRATEGIES}")
+        if split_suffixes(n)[0] not in STRATEGIES:
+            raise SystemExit(f"unknown strategy {n!r}; expected some of {STRATEGIES}, optionally ending with some "
+                             f"of {tuple(SUFFIXES)}")
     if "compile" not in names and not args.no_compile:  # the denominator of every ratio
         names.insert(1 if names and names[0] == "eager" else 0, "compile")
     if "eager" in names:  # the gradient reference first
         names.remove("eager")
         names.insert(0, "eager")
-    if "compile+ckpt" in names and "remat @ckpt peak" in names:
+    needs = [n for n in names if split_suffixes(n)[0] in ("remat @ckpt peak", "remat @0.8 ckpt")]
+    if "compile+ckpt" in names and needs:  # measured before the strategies whose budget it sets
         names.remove("compile+ckpt")
-        names.insert(names.index("remat @ckpt peak"), "compile+ckpt")
+        names.insert(min(names.index(n) for n in needs), "compile+ckpt")
     return names
 
 
@@ -824,8 +847,10 @@ def main(argv: list[str] | None = None) -> None:
                     ref = g
                 if name == "compile+ckpt" and row.get("peak_mib"):
                     ckpt_peak, ckpt_from = int(row["peak_mib"] * MiB), "this run"
-                if name == "remat @ckpt peak":
-                    row["note"] = f"budget {ckpt_peak / MiB:.0f} MiB (compile+ckpt, {ckpt_from})"
+                base = split_suffixes(name)[0]
+                if base in ("remat @ckpt peak", "remat @0.8 ckpt"):
+                    share = 0.8 if base == "remat @0.8 ckpt" else 1.0
+                    row["note"] = f"budget {share * ckpt_peak / MiB:.0f} MiB ({share:g}x compile+ckpt, {ckpt_from})"
                 if prof is not None:
                     profiles.setdefault(model_name, {})[name] = prof
                 del g
