@@ -76,7 +76,9 @@ whose emulated cap counts allocations as the budget does); a number is a fractio
 
 Measuring a probe. ``--warmup`` step(s) (the first compiles when needed; its wall time is the
 probe's ``first_s``), then up to ``--iters`` timed steps (CUDA events), stopping early once
-``--timing-s`` seconds were timed (at least one). Step ms = their median; tokens/s = length /
+``--timing-s`` seconds were timed (at least one). remat's measured plans (``remat.tuning``) are chosen on the first steps, a candidate a step:
+the probe steps on until every graph chose (``real_models.finish_tuning``, at most 16 steps;
+``tuning_steps``, ``tuning_s`` in its ``extra``) before it times any. Step ms = their median; tokens/s = length /
 step seconds. Measured peak (``real_models`` protocol): gradients set to None before the step,
 ``reset_peak_memory_stats()``, peak = ``max_memory_allocated`` during the step minus
 ``memory_allocated`` before it; the maximum over the timed steps. ``reserved_mib`` is the highest
@@ -355,6 +357,7 @@ def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setu
     first_s = time.perf_counter() - t0
     for _ in range(args.warmup - 1):
         rm.step(fn, model, wl)
+    tuning = rm.finish_tuning(fn, model, wl, device, limit=16) if rm.tuning_pending(fn) else {}
     reserved = torch.cuda.max_memory_reserved() if cuda else 0
     cpu_peak = None
     if not cuda:  # the emulated cap
@@ -380,7 +383,7 @@ def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setu
     peak = max(peaks) if cuda else cpu_peak
     return Probe(n, True, ms=ms, times_ms=times, tokens_per_s=n / (ms / 1e3), peak_mib=peak / MiB,
                  reserved_mib=reserved / MiB if cuda else None, held_mib=held / MiB if cuda else None,
-                 capped_bytes=reserved if cuda else cpu_peak, first_s=first_s)
+                 capped_bytes=reserved if cuda else cpu_peak, first_s=first_s, extra=dict(tuning))
 
 
 class Runner:
@@ -480,7 +483,7 @@ class Runner:
         self.fitted = self.fitted or p.fits
         if self.name.startswith("remat") and p.fits and self.fn is not None:
             plans = remat.compiled_plans(self.fn)
-            p.extra = {"plan_hint_seq": self.hint, "fallback": [x.fallback for x in plans if x.fallback],
+            p.extra = {**p.extra, "plan_hint_seq": self.hint, "fallback": [x.fallback for x in plans if x.fallback],
                        "predicted_peak_mib": sum(x.predicted_peak_bytes for x in plans) / MiB}
             if self.budget is not None:
                 p.extra["budget_mib"] = self.budget / MiB

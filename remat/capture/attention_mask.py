@@ -12,6 +12,7 @@ metadata. Used by ``remat.capture.attention``.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +43,25 @@ _SHAPE_ONLY_FUNCTIONS = frozenset({torch.ones_like, torch.zeros_like, torch.full
 _SHAPE_ONLY_METHODS = frozenset({"new_ones", "new_zeros", "new_full", "size", "dim", "numel"})
 _RANDOM_WORDS = ("rand", "bernoulli", "dropout", "normal", "multinomial", "poisson", "uniform", "exponential")
 MAX_MASK_ELEMENTS = 1 << 28
-"""Masks with more distinct elements (broadcast dimensions counted once) are not evaluated: the
-ops that build one may materialise it (a length x length comparison) at compile time."""
+"""Masks with more distinct elements (broadcast dimensions counted once) are evaluated on the
+host, not on the graph's device (Note [Long masks are evaluated on the host])."""
+HOST_SHARE = 0.5
+"""The share of the host's available memory a mask's evaluation may take."""
+BLOCK_ELEMENTS = 1 << 26
+"""A mask is compared with the triangle this many elements at a time (rows of it)."""
+
+# Note [Long masks are evaluated on the host]
+# The ops that build a mask materialise it: a length x length comparison is length squared bytes
+# (7 GiB at 87,040 tokens; a float mask two or four times that). Evaluated on the graph's device
+# that would be taken from the memory the step is planned for, and kept, the mask costs the same
+# again in the step and keeps SDPA off its fused kernels (HF Llama under torch 2.11 at long
+# context: ``benchmarks/long_context.py``). So a mask with more than ``MAX_MASK_ELEMENTS``
+# distinct elements is evaluated on the host, when the bytes of every value its cone computes
+# (the Dynamo graph's example values, broadcast dimensions counted once) fit in ``HOST_SHARE`` of
+# the host's available memory, and compared with the triangle ``BLOCK_ELEMENTS`` at a time, so
+# that no second length x length tensor is made. Otherwise it stays, and the verdict says how much
+# host memory it needed. The evaluation is exact: the verdict is the mask's own values, at any
+# length.
 
 
 def _core(t: torch.Tensor) -> torch.Tensor:
@@ -117,33 +135,84 @@ def mask_cone(mask: fx.Node) -> tuple[list[fx.Node], list[fx.Node], str | None]:
     return sorted(cone, key=order.__getitem__), metadata, None
 
 
-def _evaluate(cone: list[fx.Node], metadata: list[fx.Node]) -> object:
-    """Run ``cone`` with real tensors (its metadata-only inputs as empty tensors)."""
+_HOST = torch.device("cpu")
+
+
+def _evaluate(cone: list[fx.Node], metadata: list[fx.Node], on_host: bool = False) -> object:
+    """Run ``cone`` with real tensors (its metadata-only inputs as empty tensors); ``on_host``:
+    every tensor made on the host (Note [Long masks are evaluated on the host]), and an op that
+    moves one elsewhere is an error."""
     env: dict[fx.Node, object] = {}
     for src in metadata:
         val = src.meta["example_value"]
-        env[src] = torch.empty(tuple(val.shape), dtype=val.dtype, device=val.device)
+        env[src] = torch.empty(tuple(val.shape), dtype=val.dtype, device=_HOST if on_host else val.device)
     with torch.no_grad():
         for node in cone:
             args = fx.node.map_arg(node.args, env.__getitem__)
             kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            if on_host and "device" in kwargs:
+                kwargs = {**kwargs, "device": _HOST}
             if node.op == "call_function":
                 env[node] = node.target(*args, **kwargs)  # type: ignore[operator]
             else:
                 self_arg, *rest = args
                 env[node] = getattr(self_arg, node.target)(*rest, **kwargs)  # type: ignore[arg-type]
+            out = env[node]
+            if on_host and isinstance(out, torch.Tensor) and out.device != _HOST:
+                raise RuntimeError(f"`{node.name}` moves the mask to {out.device}")
     return env[cone[-1]]
 
 
-def _matches(mask: torch.Tensor, allowed: torch.Tensor) -> bool:
-    """``mask`` (bool, or additive float) keeps exactly the ``allowed`` positions: True there and
-    False elsewhere; or 0 there and ``-inf`` (or the dtype's lowest value) elsewhere."""
-    if mask.dtype == torch.bool:
-        return bool((mask == allowed).all())
-    if not mask.is_floating_point():
+def _matches(mask: torch.Tensor, causal: bool) -> bool:
+    """``mask`` (bool, or additive float; its last two dimensions query and key) keeps exactly
+    the allowed positions (every one, or ``causal``: key ``j <= `` query ``i``): True there and
+    False elsewhere; or 0 there and ``-inf`` (or the dtype's lowest value) elsewhere. Compared
+    ``BLOCK_ELEMENTS`` at a time."""
+    if mask.dtype != torch.bool and not mask.is_floating_point():
         return False
-    blocked = (mask == float("-inf")) | (mask == torch.finfo(mask.dtype).min)
-    return bool(torch.where(allowed, mask == 0, blocked).all())
+    q_len, k_len = mask.shape[-2], mask.shape[-1]
+    rows = max(1, BLOCK_ELEMENTS // max(1, mask[..., :1, :].numel()))
+    keys = torch.arange(k_len, device=mask.device)
+    for r0 in range(0, q_len, rows):
+        block = mask[..., r0:r0 + rows, :]
+        if causal:
+            allowed = keys[None, :] <= torch.arange(r0, r0 + block.shape[-2], device=mask.device)[:, None]
+        else:
+            allowed = torch.ones((), dtype=torch.bool, device=mask.device)
+        if mask.dtype == torch.bool:
+            ok = (block == allowed).all()
+        else:
+            blocked = (block == float("-inf")) | (block == torch.finfo(mask.dtype).min)
+            ok = torch.where(allowed, block == 0, blocked).all()
+        if not bool(ok):
+            return False
+    return True
+
+
+def _cone_bytes(cone: list[fx.Node]) -> int:
+    """The bytes of every tensor ``cone`` computes (Dynamo's example values, broadcast dimensions
+    counted once): an upper bound on what evaluating it holds at once."""
+    total = 0
+    for node in cone:
+        val = node.meta.get("example_value")
+        if isinstance(val, torch.Tensor):
+            total += _core(val).numel() * val.element_size()
+    return total
+
+
+def host_available_bytes() -> int:
+    """The host's available memory (``MemAvailable`` on Linux; else its free pages), 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def classify_mask(mask: fx.Node, q_len: int, k_len: int, q_dtype: torch.dtype) -> MaskVerdict:
@@ -154,21 +223,31 @@ def classify_mask(mask: fx.Node, q_len: int, k_len: int, q_dtype: torch.dtype) -
         return MaskVerdict(MaskKind.OTHER, "is not a tensor")
     if val.dtype not in (torch.bool, q_dtype):
         return MaskVerdict(MaskKind.OTHER, f"has dtype {val.dtype}")
-    if val.dim() > 4 or _core(val).numel() > MAX_MASK_ELEMENTS:
-        return MaskVerdict(MaskKind.OTHER, "is too large to evaluate")
+    if val.dim() > 4:
+        return MaskVerdict(MaskKind.OTHER, f"has {val.dim()} dimensions")
     cone, metadata, why = mask_cone(mask)
     if why is not None:
         return MaskVerdict(MaskKind.OTHER, why)
+    on_host = _core(val).numel() > MAX_MASK_ELEMENTS  # Note [Long masks are evaluated on the host]
+    if on_host:
+        need, room = _cone_bytes(cone), host_available_bytes()
+        if need > HOST_SHARE * room:
+            return MaskVerdict(MaskKind.OTHER, f"is too large to evaluate (its ops make {need / 2**30:.1f} GiB; "
+                                               f"{room / 2**30:.1f} GiB of host memory available)")
     try:
-        value = _evaluate(cone, metadata)
+        value = _evaluate(cone, metadata, on_host)
     except Exception as e:  # noqa: BLE001 - a mask remat cannot evaluate stays as it is
         return MaskVerdict(MaskKind.OTHER, f"could not be evaluated ({type(e).__name__})")
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(val.shape) or value.dtype != val.dtype:
         return MaskVerdict(MaskKind.OTHER, "evaluated to another shape or dtype than Dynamo's")
     value = _core(value)
-    full = torch.ones(q_len, k_len, dtype=torch.bool, device=value.device)
-    if _matches(value, full):
+    while value.dim() < 2:  # SDPA broadcasts a mask of the keys alone over the queries
+        value = value.unsqueeze(0)
+    if tuple(value.shape[-2:]) not in ((q_len, k_len), (1, k_len), (q_len, 1), (1, 1)):
+        return MaskVerdict(MaskKind.OTHER, "does not broadcast to the query and key lengths")
+    full = value.expand(*value.shape[:-2], q_len, k_len)
+    if _matches(full, causal=False):
         return MaskVerdict(MaskKind.NONE)
-    if _matches(value, full.tril()):
+    if _matches(full, causal=True):
         return MaskVerdict(MaskKind.CAUSAL)
     return MaskVerdict(MaskKind.OTHER, "masks other positions than none or causal")

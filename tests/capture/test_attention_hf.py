@@ -123,6 +123,45 @@ def test_masks_that_are_not_provably_none_or_causal_stay(make, why):
     assert report.rewritten == 0 and why in report.note()
 
 
+@pytest.mark.parametrize("room, rewritten", [(1 << 40, 1), (64, 0)])
+def test_a_mask_too_long_for_the_device_is_evaluated_on_the_host(monkeypatch, room, rewritten):
+    """Note [Long masks are evaluated on the host]: past ``MAX_MASK_ELEMENTS`` the mask's cone runs
+    on the host when its bytes fit there (rows compared a block at a time), and stays otherwise,
+    saying what it needed."""
+    from remat.capture import attention_mask
+    monkeypatch.setattr(attention_mask, "MAX_MASK_ELEMENTS", 16)
+    monkeypatch.setattr(attention_mask, "BLOCK_ELEMENTS", 24)  # 3 rows of 8 keys a block
+    monkeypatch.setattr(attention_mask, "host_available_bytes", lambda: room)
+    seen = []
+    real = attention_mask._evaluate
+    monkeypatch.setattr(attention_mask, "_evaluate", lambda *a: seen.append(a[2]) or real(*a))
+
+    def f(q, k, v):
+        i = torch.arange(q.shape[-2], device=q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(i[None, :] <= i[:, None])[None, None])
+
+    q, k, v = _qkv()
+    gm, report, out = _captured(f, q, k, v)
+    assert report.causal == rewritten and seen == ([True] if rewritten else [])
+    if not rewritten:
+        assert "too large to evaluate (its ops make" in report.note()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("row", [0, 3, 7])
+def test_a_triangle_off_in_one_row_stays_whichever_block_holds_it(monkeypatch, row):
+    from remat.capture import attention_mask
+    monkeypatch.setattr(attention_mask, "BLOCK_ELEMENTS", 24)
+
+    def f(q, k, v):
+        i = torch.arange(q.shape[-2], device=q.device)
+        allowed = (i[None, :] <= i[:, None]) ^ ((i[:, None] == row) & (i[None, :] == 7))  # key 7 flipped
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+    gm, report, _ = _captured(f, *_qkv())
+    assert report.rewritten == 0 and "other positions" in report.note()
+
+
 def test_a_mask_built_from_an_inputs_shape_only_is_a_constant():
     def f(q, k, v, ids):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones_like(ids, dtype=torch.bool)[:, None, None])
