@@ -344,7 +344,8 @@ class Setup:
     cap_bytes: int
 
 
-def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setup: Setup) -> Probe:
+def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setup: Setup, *,
+            is_remat: bool = False) -> Probe:
     """The probe's steps (see the module docstring); raises what a step raises."""
     args, device = setup.args, setup.device
     cuda = device.type == "cuda"
@@ -357,7 +358,7 @@ def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setu
     first_s = time.perf_counter() - t0
     for _ in range(args.warmup - 1):
         rm.step(fn, model, wl)
-    tuning = rm.finish_tuning(fn, model, wl, device, limit=16) if rm.tuning_pending(fn) else {}
+    tuning = rm.finish_tuning(fn, model, wl, device, limit=16) if is_remat and rm.tuning_pending(fn) else {}
     reserved = torch.cuda.max_memory_reserved() if cuda else 0
     cpu_peak = None
     if not cuda:  # the emulated cap
@@ -442,7 +443,7 @@ class Runner:
         try:
             if fresh:
                 self.fn = self.build(n)
-            p = measure(self.fn, self.model, self.wl, n, self.setup)
+            p = measure(self.fn, self.model, self.wl, n, self.setup, is_remat=self.name.startswith("remat"))
         except rm.StrategyTimeout:
             raise
         except Exception as e:  # noqa: BLE001 - sorted below

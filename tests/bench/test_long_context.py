@@ -132,6 +132,16 @@ def test_tiny_run_finds_each_strategys_boundary_and_renders(tmp_path):
     assert rrm.png_comment(fig.path) == fig.digest
 
 
+def test_a_compiled_strategy_is_measured_without_asking_remat_for_plans(tmp_path):
+    """Only remat's steps wait for its tuning (``real_models.finish_tuning``): asking a
+    torch.compile model for remat's plans raises, which once ended compile+ckpt's search."""
+    doc = lc.main(["--tiny", "--strategies", "compile", "--cap-mib", "3", "--max-seq", "256",
+                   "--timing-s", "0.1", "--out", str(tmp_path), "--tag", "tiny-compile"])
+    res = doc["strategies"]["compile"]
+    assert res["status"] == "ok" and res["longest"] > 0, res
+    assert all("tuning_steps" not in p["extra"] for p in res["probes"])
+
+
 def test_table_shows_what_bounds_a_search_that_did_not_finish():
     doc = {"max_seq": TOP, "strategies": {
         "eager": {"status": "ok", "longest": 20 * G, "first_fail": 21 * G, "complete": True, "compile_s": None,
