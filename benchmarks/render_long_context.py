@@ -3,7 +3,8 @@
 functions, so a run's files and the README agree).
 
 Which file. The newest (by its ``date`` field, then by name) ``long-context-*.json`` in
-``RESULTS`` (render_real_models) that is not a ``--tiny`` smoke run; while there is none the
+``RESULTS`` (render_real_models) that is not a ``--tiny`` smoke run, then every such run in the
+other GPUs' folders beside it (``other_runs``: tables only, no plot); while there is none the
 section says so and names the command that makes one. Its plot is ``<the JSON's name>.png``
 beside it, drawn from the JSON: like the real-model plots it carries a digest of its data and
 drawing code in its ``Comment`` chunk (``render_real_models.png_comment`` reads it), so
@@ -171,7 +172,25 @@ def section(folder: pathlib.Path = RESULTS) -> str:
                 "copy that file into `benchmarks/results/<gpu>-torch<version>/` and run `python benchmarks/render.py`.")
     doc = _load(path)
     png = shown(path.with_suffix(".png"))
-    return markdown(doc, shown(path)) + f'\n\n<img src="{png}" width="70%" alt="tokens/s against sequence length">'
+    text = markdown(doc, shown(path)) + f'\n\n<img src="{png}" width="70%" alt="tokens/s against sequence length">'
+    others = [run for run in other_runs(folder)]
+    if others:
+        text += ("\n\n**Runs on other GPUs** (not comparable with the run above: another card; each run's "
+                 "own strategies only, in the order they ran):")
+        for run in others:
+            text += "\n\n" + markdown(_load(run), shown(run))
+    return text
+
+
+def other_runs(folder: pathlib.Path = RESULTS) -> list[pathlib.Path]:
+    """The non-tiny ``RUN_GLOB`` runs of the other GPU folders beside ``folder``
+    (``results/<gpu>-torch<version>/``, CPU folders excluded), oldest first."""
+    runs = []
+    for other in sorted(folder.parent.iterdir()):
+        if other == folder or not other.is_dir() or other.name.startswith("cpu-"):
+            continue
+        runs += [p for p in sorted(other.glob(RUN_GLOB)) if not _load(p).get("tiny") and "strategies" in _load(p)]
+    return sorted(runs, key=lambda p: (_load(p).get("date", ""), p.name))
 
 
 # ---------------------------------------------------------------------------------------------
