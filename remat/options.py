@@ -54,7 +54,9 @@ class Options:
     offload: bool | str = False
     """Saved activations kept in pinned host memory between the forward and the backward,
     copied on side streams (``remat.planning.offload``): ``False`` never; ``"auto"`` those whose
-    copies the step's compute hides (none where the device is the host, on CPU); ``"all"`` every
+    copies the step's compute hides (none where the device is the host, on CPU), and under a
+    budget also copies it cannot hide where no faster plan fits (their stall counted: Note
+    [Offload under a budget]); ``"all"`` every
     saved activation that can move, hidden or not (the copies' estimated stall is in the plan).
     Both backends: the copies run as operators Inductor compiles in place (Note [Offload copies]
     in ``remat.capture.offload_pass``)."""

@@ -197,7 +197,11 @@ class RowChunks:
 
 
 PlanKey = tuple[tuple[str, ...], tuple[str, ...]]
-"""``PlanData.key``: the sorted names of a plan's saved values, and its recomputed ops' names."""
+"""``PlanData.key``: the sorted names of a plan's saved values (an offloaded one's name followed
+by ``HOST_MARK``), and its recomputed ops' names."""
+HOST_MARK = "@host"
+"""Follows an offloaded saved value's name in ``PlanData.key``: the same cut with and without a
+value in host memory are two plans (Note [Offload under a budget] in ``remat.planning.offload``)."""
 
 
 @dataclass(frozen=True)
@@ -339,8 +343,10 @@ class PlanData:
     @property
     def key(self) -> PlanKey:
         """What identifies this plan among the plans of one graph, across traces of it: the
-        names of its saved values and of the ops it recomputes."""
-        return tuple(sorted(s.name for s in self.saved)), self.recomputed
+        names of its saved values (``HOST_MARK`` after those it offloads) and of the ops it
+        recomputes."""
+        host = {o.name for o in self.offloaded}
+        return tuple(sorted(s.name + HOST_MARK if s.name in host else s.name for s in self.saved)), self.recomputed
 
     @property
     def cost_seconds(self) -> float:

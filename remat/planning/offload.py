@@ -43,7 +43,9 @@ uncompiled backend, ``"all"``): predicted 9,519 MiB freeing at the copy's end, m
 Without a budget it is applied to the default plan. Under a budget (or for ``pareto``) every
 candidate carries its offloads (``offloading_candidates``), so the budget takes the fastest plan
 whose peak with them fits: offload weighed against recompute at the grain of candidates (what
-each candidate saves is offloaded as ``mode`` says), not value by value.
+each candidate saves is offloaded as ``mode`` says), not value by value. Under a budget ``"auto"``
+also offers each candidate with every movable value offloaded, its stall in its time (Note
+[Offload under a budget]).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from ..plan import Plan
 from ..plan_data import Offloaded
 from .candidates import Candidate
 
-__all__ = ["host_link", "with_offload", "offloading_candidates", "node_seconds"]
+__all__ = ["host_link", "with_offload", "offloading_candidates", "unhidden_candidates", "node_seconds"]
 
 _LINKS: dict[str, timeline.Link] = {}
 
@@ -228,6 +230,32 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
             timelines[id(g)] = node_seconds(g, dev)
         out.append(replace(c, plan=with_offload(g, list(c.saved), c.plan, mode, dev, timelines[id(g)])))
     return out
+
+
+# Note [Offload under a budget]
+# ``offload="auto"`` offloads what the step's compute hides, so that without a budget a plan never
+# waits for a copy. Under a budget the issue's rule is the least time that fits: a copy the step
+# cannot hide costs its stall, which may still be less than the recompute a smaller cut pays, and
+# below the smallest cut it is the only way down. So under a budget each candidate is offered
+# twice more than as captured: with its hidden offloads (``offloading_candidates``, as without a
+# budget) and, where that differs, with every saved value that can move offloaded and its stall
+# in its time cost (``unhidden_candidates``). The budget takes the fastest that fits (``choose``),
+# so a candidate that waits is taken only where nothing faster fits. ``PlanData.key`` names an
+# offloaded value with ``HOST_MARK``, so a cut with and without a value in host memory are two
+# plans to tuning's pick, to a compile's reading and to the decision cache. Where the device is the
+# host (CPU) nothing is added: moving a value there saves nothing.
+
+
+def unhidden_candidates(unmoved: list[Candidate], hidden: list[Candidate], jg: JointGraph,
+                        dev: DeviceModel) -> list[Candidate]:
+    """``unmoved``'s candidates with every saved value that can move offloaded (``"all"``), those
+    that offload more than ``hidden`` (their ``"auto"`` plans, in the same order) does; none where
+    the device is the host (Note [Offload under a budget])."""
+    if host_link(_device(jg)) is None:
+        return []
+    everything = offloading_candidates(unmoved, jg, "all", dev)
+    return [a for a, h in zip(everything, hidden, strict=True)
+            if a.plan.offloaded and {o.name for o in a.plan.offloaded} != {o.name for o in h.plan.offloaded}]
 
 
 def _started_in_backward(chosen: timeline.OffloadSchedule, seconds: list[float], boundary: int,

@@ -260,3 +260,32 @@ def test_a_budget_below_every_recompute_plan_takes_an_offloading_plan(gpu_like_l
     # the offloaded plans are on pareto's frontier too
     g = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all"), x)
     assert min(p.predicted_peak_bytes for p in g.points) < smallest and any(p.offloaded for p in g.points)
+
+
+def test_auto_under_a_budget_waits_for_copies_only_where_nothing_faster_fits(monkeypatch):
+    # Note [Offload under a budget]: over a 300 MB/s link "auto" hides one copy and gets no lower
+    # than the smallest recompute plan; under a budget below that it takes the plan that offloads
+    # every movable value and says its stall; under a budget the default plan meets, nothing moves.
+    from remat.core.offload import Link
+    from remat.plan_data import HOST_MARK
+    from remat.planning import offload as planning_offload
+
+    monkeypatch.setattr(planning_offload, "host_link", lambda device: Link(d2h=3e8, h2d=3e8))
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    f = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    smallest = min(p.predicted_peak_bytes for p in f.points)
+    torch._dynamo.reset()
+    hidden = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto"), x)
+    assert min(p.predicted_peak_bytes for p in hidden.points) == smallest  # hiding copies alone gets no lower
+    torch._dynamo.reset()
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto", budget=smallest - 1, strict=True)
+    _grads_match(m, copy.deepcopy(base), lambda mod: mod(x).square().mean().backward())
+    (plan,) = remat.compiled_plans(m)
+    assert [o.name for o in plan.offloaded] == ["tanh", "tanh_1", "tanh_2"]
+    assert plan.offload_stall_seconds > 0 and plan.predicted_peak_bytes <= smallest - 1
+    assert sorted(n for n in plan.key[0] if n.endswith(HOST_MARK)) == ["tanh@host", "tanh_1@host", "tanh_2@host"]
+    torch._dynamo.reset()
+    roomy = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto",
+                                           budget=f.default.predicted_peak_bytes), x)
+    assert roomy.offload_stall_seconds == 0
