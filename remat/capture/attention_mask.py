@@ -54,8 +54,8 @@ BLOCK_ELEMENTS = 1 << 26
 # The ops that build a mask materialise it: a length x length comparison is length squared bytes
 # (7 GiB at 87,040 tokens; a float mask two or four times that). Evaluated on the graph's device
 # that would be taken from the memory the step is planned for, and kept, the mask costs the same
-# again in the step and keeps SDPA off its fused kernels (HF Llama under torch 2.11 at long
-# context: ``benchmarks/long_context.py``). So a mask with more than ``MAX_MASK_ELEMENTS``
+# again in the step and keeps SDPA off its fused kernels (HF Llama at long context, where
+# transformers builds its mask inside the graph: ``benchmarks/long_context.py``). So a mask with more than ``MAX_MASK_ELEMENTS``
 # distinct elements is evaluated on the host, when the bytes of every value its cone computes
 # (the Dynamo graph's example values, broadcast dimensions counted once) fit in ``HOST_SHARE`` of
 # the host's available memory, and compared with the triangle ``BLOCK_ELEMENTS`` at a time, so
