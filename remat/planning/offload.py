@@ -164,10 +164,11 @@ def _compiled(s: Schedule) -> bool:
 
 
 def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, dev: DeviceModel,
-                 per_node: list[float] | None = None) -> Plan:
+                 per_node: list[float] | None = None, extra: int | None = None) -> Plan:
     """``plan`` with the saved values ``mode`` offloads (Note [Offload in a plan]): its
     ``offloaded``, its peak simulated with them, and a note when nothing moves. ``per_node``:
-    ``node_seconds(jg, dev)`` where the caller has it."""
+    ``node_seconds(jg, dev)`` where the caller has it. ``extra`` (with ``"all"``): only the values
+    ``"auto"`` would offload and the ``extra`` largest others (Note [Offload under a budget])."""
     s = jg.schedule
     saved = jg.to_schedule_ids(saved_ids)
     device = _device(jg)
@@ -184,6 +185,13 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
     per_node = per_node if per_node is not None else node_seconds(jg, dev)
     order = fwd + bwd
     seconds = [per_node[v] for v in order]
+    if extra is not None and mode == "all":  # the hidden ones and the largest others (Note [Offload under a budget])
+        hid = set(_timed("auto", cands, seconds, len(fwd), link, held=compiled).nodes)
+        rest = sorted((c for c in cands if c.node not in hid), key=lambda c: (-c.nbytes, c.ready, c.node))
+        keep = hid | {c.node for c in rest[:extra]}
+        movable, cands = len(cands), [c for c in cands if c.node in keep]
+    else:
+        movable = len(cands)
     chosen = _timed(mode, cands, seconds, len(fwd), link, held=compiled)
     if mode == "all" and any(e.reloaded_at < len(fwd) for e in chosen.entries):
         chosen = _started_in_backward(chosen, seconds, len(fwd), link)
@@ -207,7 +215,7 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
                                 e.stall + waits[e.node], reload_before=s.names[order[moves[e.node].reloaded_at]],
                                 released_after=s.names[order[moves[e.node].released_after]] if compiled else "")
                       for e in chosen.entries)
-    note = (f"offload={mode!r}: {len(offloaded)} of {len(cands)} movable saved values, timed on the step's estimated "
+    note = (f"offload={mode!r}: {len(offloaded)} of {movable} movable saved values, timed on the step's estimated "
             f"{sum(seconds[:len(fwd)]) * 1e3:.3f} ms forward and {sum(seconds[len(fwd):]) * 1e3:.3f} ms backward"
             + (" (compiled: FLOPs only outside matmuls)" if compiled else "")
             + f" over a {link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)")
@@ -236,26 +244,48 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
 # ``offload="auto"`` offloads what the step's compute hides, so that without a budget a plan never
 # waits for a copy. Under a budget the issue's rule is the least time that fits: a copy the step
 # cannot hide costs its stall, which may still be less than the recompute a smaller cut pays, and
-# below the smallest cut it is the only way down. So under a budget each candidate is offered
-# twice more than as captured: with its hidden offloads (``offloading_candidates``, as without a
-# budget) and, where that differs, with every saved value that can move offloaded and its stall
-# in its time cost (``unhidden_candidates``). The budget takes the fastest that fits (``choose``),
-# so a candidate that waits is taken only where nothing faster fits. ``PlanData.key`` names an
-# offloaded value with ``HOST_MARK``, so a cut with and without a value in host memory are two
-# plans to tuning's pick, to a compile's reading and to the decision cache. Where the device is the
-# host (CPU) nothing is added: moving a value there saves nothing.
+# below the smallest cut it is the only way down. So under a budget each candidate is offered with
+# its hidden offloads (``offloading_candidates``, as without a budget) and on a ladder of more
+# (``unhidden_candidates``): the hidden values and the 1, 2, 4, ... largest other movable values,
+# up to every one (``"all"``), each with its stall in its time cost. The budget takes the fastest
+# that fits (``choose``), so a plan waits for copies only where nothing faster fits, and for about
+# as few as it must: offload weighed against recompute value by value along each candidate's
+# ladder (largest first: what moves the most bytes per copy; a logarithmic number of rungs, each
+# a simulation of the peak). ``PlanData.key`` names an offloaded value with ``HOST_MARK``, so a
+# cut with and without a value in host memory are two plans to tuning's pick, to a compile's
+# reading and to the decision cache. Where the device is the host (CPU) nothing is added: moving
+# a value there saves nothing.
 
 
 def unhidden_candidates(unmoved: list[Candidate], hidden: list[Candidate], jg: JointGraph,
                         dev: DeviceModel) -> list[Candidate]:
-    """``unmoved``'s candidates with every saved value that can move offloaded (``"all"``), those
-    that offload more than ``hidden`` (their ``"auto"`` plans, in the same order) does; none where
-    the device is the host (Note [Offload under a budget])."""
+    """Each of ``unmoved``'s candidates with what its ``hidden`` plan (its ``"auto"`` plan, in the
+    same order) offloads and the 1, 2, 4, ... largest other movable values, up to every one
+    (``"all"``); each offload set once, none equal to the hidden one's; none where the device is
+    the host (Note [Offload under a budget])."""
     if host_link(_device(jg)) is None:
         return []
-    everything = offloading_candidates(unmoved, jg, "all", dev)
-    return [a for a, h in zip(everything, hidden, strict=True)
-            if a.plan.offloaded and {o.name for o in a.plan.offloaded} != {o.name for o in h.plan.offloaded}]
+    timelines: dict[int, list[float]] = {}
+    out = []
+    for c, h in zip(unmoved, hidden, strict=True):
+        g = c.jg or jg
+        if id(g) not in timelines:
+            timelines[id(g)] = node_seconds(g, dev)
+        seen = {frozenset(o.name for o in h.plan.offloaded)}
+        everything = with_offload(g, list(c.saved), c.plan, "all", dev, timelines[id(g)])
+        ladder, extra = [], 1
+        while True:
+            step = with_offload(g, list(c.saved), c.plan, "all", dev, timelines[id(g)], extra=extra)
+            if len(step.offloaded) >= len(everything.offloaded):
+                break
+            ladder.append(step)
+            extra *= 2
+        for plan in (*ladder, everything):
+            names = frozenset(o.name for o in plan.offloaded)
+            if names and names not in seen:
+                seen.add(names)
+                out.append(replace(c, plan=plan))
+    return out
 
 
 def _started_in_backward(chosen: timeline.OffloadSchedule, seconds: list[float], boundary: int,
