@@ -57,10 +57,14 @@ again at another length (its graph count grows), the note names the lengths: exp
 65536 tokens, where the logits (length x 32000) outgrow Inductor's 32-bit indexing, which it
 guarded at the first length's hint. remat @cap compiles
 afresh at every probe length, because a budget is compared with the plan's predicted peak at the
-traced sizes: a plan chosen at one length says nothing about another. Its sequence dimension is
-still marked dynamic (``--cap-shapes dynamic``, the hint being the probe's length), so Inductor's
-kernels do not bake the length in and later probes reuse them from its cache; ``--cap-shapes
-static`` compiles with static shapes. Its first probe is ``--cap-start``, by default
+traced sizes: a plan chosen at one length says nothing about another. It compiles with static
+shapes (``--cap-shapes static``, the default): where transformers builds its causal mask inside
+the graph, remat can turn it into SDPA's ``is_causal`` only at a static length (a mask is
+evaluated at one size: Note [Long masks are evaluated on the host] in
+``remat/capture/attention_mask.py``), and a kept mask costs length squared bytes and the fused
+kernel. ``--cap-shapes dynamic`` marks the sequence dimension dynamic (the hint being the probe's
+length), so Inductor's kernels do not bake the length in and later probes reuse them from its
+cache, with any such mask kept. Its first probe is ``--cap-start``, by default
 compile+ckpt's longest length in this run (else the longest any earlier strategy reached), so
 that the comparison the issue asks for is measured at compile+ckpt's own length.
 
@@ -718,7 +722,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="the other strategies' first length (default: the granularity)")
     p.add_argument("--reuse", default=None,
                    help="an earlier run's JSON: its strategies that --strategies leaves out are copied in")
-    p.add_argument("--cap-shapes", choices=("dynamic", "static"), default="dynamic",
+    p.add_argument("--cap-shapes", choices=("dynamic", "static"), default="static",
                    help="remat @cap, compiled per probe: sequence dimension marked dynamic, or static shapes")
     p.add_argument("--compile-backend", default=None, help="torch.compile's backend (inductor; tiny aot_eager)")
     p.add_argument("--remat-backend", default=None, help="remat's backend (inductor; tiny eager)")
