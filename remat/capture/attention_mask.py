@@ -55,11 +55,11 @@ BLOCK_ELEMENTS = 1 << 26
 # (7 GiB at 87,040 tokens; a float mask two or four times that). Evaluated on the graph's device
 # that would be taken from the memory the step is planned for, and kept, the mask costs the same
 # again in the step and keeps SDPA off its fused kernels (HF Llama at long context, where
-# transformers builds its mask inside the graph: ``benchmarks/long_context.py``). So a mask with more than ``MAX_MASK_ELEMENTS``
-# distinct elements is evaluated on the host, when the bytes of every value its cone computes
-# (the Dynamo graph's example values, broadcast dimensions counted once) fit in ``HOST_SHARE`` of
-# the host's available memory, and compared with the triangle ``BLOCK_ELEMENTS`` at a time, so
-# that no second length x length tensor is made. Otherwise it stays, and the verdict says how much
+# transformers builds its mask inside the graph: ``benchmarks/long_context.py``). So a mask with
+# more than ``MAX_MASK_ELEMENTS`` distinct elements is evaluated on the host, when the bytes of
+# every value its cone computes (the Dynamo graph's example values, broadcast dimensions counted
+# once) fit in ``HOST_SHARE`` of the host's available memory, and compared with the triangle
+# ``BLOCK_ELEMENTS`` at a time, so that no second length x length tensor is made. Otherwise it stays, and the verdict says how much
 # host memory it needed. The evaluation is exact: the verdict is the mask's own values, at any
 # length.
 

@@ -44,8 +44,8 @@ Without a budget it is applied to the default plan. Under a budget (or for ``par
 candidate carries its offloads (``offloading_candidates``), so the budget takes the fastest plan
 whose peak with them fits: offload weighed against recompute at the grain of candidates (what
 each candidate saves is offloaded as ``mode`` says), not value by value. Under a budget ``"auto"``
-also offers each candidate with every movable value offloaded, its stall in its time (Note
-[Offload under a budget]).
+also offers each candidate with more of its values offloaded than the step hides, on a ladder up
+to every movable one, each rung's stall in its time (Note [Offload under a budget]).
 """
 
 from __future__ import annotations
