@@ -70,9 +70,12 @@ each per round, and that median is the row's step ms (``timing`` says so; the se
 stays as ``ms_sequential``). Use it where ratios within a few percent matter.
 
 "remat bX" budgets are fractions of remat's predicted eager peak; "remat @ckpt peak" is the
-budget in bytes equal to compile+ckpt's measured peak (this run's, else the anchors file's). A
-remat strategy's name followed by " unsliced" ("remat @ckpt peak unsliced") plans the graph as
-captured only (``chunking=None``): no plan runs an LM head and its loss in slices of rows.
+budget in bytes equal to compile+ckpt's measured peak (this run's, else the anchors file's), and
+"remat @0.8 ckpt" 0.8x that (issue 28's target). A remat strategy's name followed by " unsliced"
+("remat @ckpt peak unsliced") plans the graph as captured only (``chunking=None``): no plan runs
+an LM head and its loss in slices of rows; followed by " +offload" or " +offload all" it passes
+``offload="auto"`` or ``"all"`` on remat's own backend ("remat @0.8 ckpt +offload"); suffixes
+combine.
 Infeasible budgets, out-of-memory and per-strategy timeouts are recorded in the row.
 """
 
