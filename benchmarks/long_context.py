@@ -489,7 +489,8 @@ class Runner:
         if self.name.startswith("remat") and p.fits and self.fn is not None:
             plans = remat.compiled_plans(self.fn)
             p.extra = {**p.extra, "plan_hint_seq": self.hint, "fallback": [x.fallback for x in plans if x.fallback],
-                       "predicted_peak_mib": sum(x.predicted_peak_bytes for x in plans) / MiB}
+                       "predicted_peak_mib": sum(x.predicted_peak_bytes for x in plans) / MiB,
+                       "plan": rm.plan_fields(self.fn)}  # what the step ran: recompute, slices, offload, tuning
             if self.budget is not None:
                 p.extra["budget_mib"] = self.budget / MiB
 
