@@ -199,12 +199,12 @@ def test_a_budget_only_sliced_plans_meet_is_kept_with_eagers_gradients(logits):
     assert [r.chunks for r in plan.row_chunks] == [8]
     assert plan.predicted_peak_bytes <= budget
     assert measured <= budget
-    # the uncompiled backend's model, run alone: 0-8 bytes off. In the whole suite one gradient of the
-    # head's weight (64 KiB) more, or less, was seen alive at the peak, in either parametrisation:
-    # autograd's gradient accumulation copies a gradient it cannot take over, which depends on what
-    # else holds it
+    # the uncompiled backend's model, run alone: 8 bytes off (torch 2.13 and 2.14). In the whole suite
+    # up to two gradients of the head's weight (64 KiB each) more, or fewer, were seen alive at the
+    # peak, in either parametrisation and torch: autograd's gradient accumulation copies a gradient
+    # it cannot take over, which depends on what else holds it
     head = base.head.weight.numel() * base.head.weight.element_size()
-    assert abs(measured - plan.predicted_peak_bytes) <= head + 64
+    assert abs(measured - plan.predicted_peak_bytes) <= 2 * head + 64
     assert "rows in slices" in str(plan)
 
 
