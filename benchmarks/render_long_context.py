@@ -37,10 +37,20 @@ def _load(path: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _runs(folder: pathlib.Path) -> list[tuple[pathlib.Path, dict]]:
+    """The non-tiny ``RUN_GLOB`` files of ``folder`` with their JSON, by name."""
+    loaded = [(p, _load(p)) for p in sorted(folder.glob(RUN_GLOB))]
+    return [(p, doc) for p, doc in loaded if not doc.get("tiny") and "strategies" in doc]
+
+
+def _when(run: tuple[pathlib.Path, dict]) -> tuple[str, str]:
+    return run[1].get("date", ""), run[0].name
+
+
 def newest_run(folder: pathlib.Path = RESULTS) -> pathlib.Path | None:
     """The newest non-tiny ``RUN_GLOB`` file, or None."""
-    runs = [p for p in sorted(folder.glob(RUN_GLOB)) if not _load(p).get("tiny") and "strategies" in _load(p)]
-    return max(runs, key=lambda p: (_load(p).get("date", ""), p.name)) if runs else None
+    runs = _runs(folder)
+    return max(runs, key=_when)[0] if runs else None
 
 
 def _probe_at(res: dict, seq: int | None) -> dict | None:
@@ -173,24 +183,21 @@ def section(folder: pathlib.Path = RESULTS) -> str:
     doc = _load(path)
     png = shown(path.with_suffix(".png"))
     text = markdown(doc, shown(path)) + f'\n\n<img src="{png}" width="70%" alt="tokens/s against sequence length">'
-    others = [run for run in other_runs(folder)]
+    others = other_runs(folder)
     if others:
         text += ("\n\n**Runs on other GPUs** (not comparable with the run above: another card; each run's "
                  "own strategies only, in the order they ran):")
-        for run in others:
-            text += "\n\n" + markdown(_load(run), shown(run))
+        for run, other in others:
+            text += "\n\n" + markdown(other, shown(run))
     return text
 
 
-def other_runs(folder: pathlib.Path = RESULTS) -> list[pathlib.Path]:
+def other_runs(folder: pathlib.Path = RESULTS) -> list[tuple[pathlib.Path, dict]]:
     """The non-tiny ``RUN_GLOB`` runs of the other GPU folders beside ``folder``
-    (``results/<gpu>-torch<version>/``, CPU folders excluded), oldest first."""
-    runs = []
-    for other in sorted(folder.parent.iterdir()):
-        if other == folder or not other.is_dir() or other.name.startswith("cpu-"):
-            continue
-        runs += [p for p in sorted(other.glob(RUN_GLOB)) if not _load(p).get("tiny") and "strategies" in _load(p)]
-    return sorted(runs, key=lambda p: (_load(p).get("date", ""), p.name))
+    (``results/<gpu>-torch<version>/``, CPU folders excluded) with their JSON, oldest first."""
+    folders = [f for f in sorted(folder.parent.iterdir())
+               if f != folder and f.is_dir() and not f.name.startswith("cpu-")]
+    return sorted((run for f in folders for run in _runs(f)), key=_when)
 
 
 # ---------------------------------------------------------------------------------------------

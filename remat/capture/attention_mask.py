@@ -59,9 +59,9 @@ BLOCK_ELEMENTS = 1 << 26
 # more than ``MAX_MASK_ELEMENTS`` distinct elements is evaluated on the host, when the bytes of
 # every value its cone computes (the Dynamo graph's example values, broadcast dimensions counted
 # once) fit in ``HOST_SHARE`` of the host's available memory, and compared with the triangle
-# ``BLOCK_ELEMENTS`` at a time, so that no second length x length tensor is made. Otherwise it stays, and the verdict says how much
-# host memory it needed. The evaluation is exact: the verdict is the mask's own values, at any
-# length.
+# ``BLOCK_ELEMENTS`` at a time, so that no second length x length tensor is made. Otherwise it
+# stays, and the verdict says how much host memory it needed. The evaluation is exact: the verdict
+# is the mask's own values, at any length.
 
 
 def _core(t: torch.Tensor) -> torch.Tensor:

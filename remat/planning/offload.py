@@ -66,7 +66,7 @@ from ..plan import Plan
 from ..plan_data import Offloaded
 from .candidates import Candidate
 
-__all__ = ["host_link", "with_offload", "offloading_candidates", "unhidden_candidates", "node_seconds"]
+__all__ = ["host_link", "with_offload", "offloading_candidates", "node_seconds"]
 
 _LINKS: dict[str, timeline.Link] = {}
 
@@ -226,18 +226,24 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
                    notes=(*plan.notes, note))
 
 
-def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev: DeviceModel) -> list[Candidate]:
+def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev: DeviceModel, *,
+                          ladder: bool = False) -> list[Candidate]:
     """Every candidate with what ``mode`` offloads of its saved values, so that a budget chooses
     among save, recompute and offload at once: the fastest plan (time cost with the copies'
-    stall) whose peak with its offloads fits."""
+    stall) whose peak with its offloads fits. ``ladder`` (``"auto"`` under a budget): followed by
+    each candidate's ladder of more offloads (``_ladder``, Note [Offload under a budget])."""
     timelines: dict[int, list[float]] = {}  # id of a joint graph -> its node_seconds
-    out = []
+    out, more = [], []
+    climb = ladder and host_link(_device(jg)) is not None  # where the device is the host, moving saves nothing
     for c in found:
         g = c.jg or jg
         if id(g) not in timelines:
             timelines[id(g)] = node_seconds(g, dev)
-        out.append(replace(c, plan=with_offload(g, list(c.saved), c.plan, mode, dev, timelines[id(g)])))
-    return out
+        hidden = replace(c, plan=with_offload(g, list(c.saved), c.plan, mode, dev, timelines[id(g)]))
+        out.append(hidden)
+        if climb:
+            more += _ladder(c, hidden, g, dev, timelines[id(g)])
+    return out + more
 
 
 # Note [Offload under a budget]
@@ -245,46 +251,36 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
 # waits for a copy. Under a budget the issue's rule is the least time that fits: a copy the step
 # cannot hide costs its stall, which may still be less than the recompute a smaller cut pays, and
 # below the smallest cut it is the only way down. So under a budget each candidate is offered with
-# its hidden offloads (``offloading_candidates``, as without a budget) and on a ladder of more
-# (``unhidden_candidates``): the hidden values and the 1, 2, 4, ... largest other movable values,
-# up to every one (``"all"``), each with its stall in its time cost. The budget takes the fastest
-# that fits (``choose``), so a plan waits for copies only where nothing faster fits, and for about
-# as few as it must: offload weighed against recompute value by value along each candidate's
-# ladder (largest first: what moves the most bytes per copy; a logarithmic number of rungs, each
-# a simulation of the peak). ``PlanData.key`` names an offloaded value with ``HOST_MARK``, so a
-# cut with and without a value in host memory are two plans to tuning's pick, to a compile's
-# reading and to the decision cache. Where the device is the host (CPU) nothing is added: moving
-# a value there saves nothing.
+# its hidden offloads (as without a budget) and, after all of those, on a ladder of more
+# (``offloading_candidates(..., ladder=True)``): the hidden values and the 1, 2, 4, ... largest
+# other movable values, up to every one (``"all"``), each with its stall in its time cost. The
+# budget takes the fastest that fits (``choose``), so a plan waits for copies only where nothing
+# faster fits, and for about as few as it must: offload weighed against recompute value by value
+# along each candidate's ladder (largest first: what moves the most bytes per copy; a logarithmic
+# number of rungs, each a simulation of the peak). ``PlanData.key`` names an offloaded value with
+# ``HOST_MARK``, so a cut with and without a value in host memory are two plans to tuning's pick,
+# to a compile's reading and to the decision cache. Where the device is the host (CPU) nothing is
+# added: moving a value there saves nothing.
 
 
-def unhidden_candidates(unmoved: list[Candidate], hidden: list[Candidate], jg: JointGraph,
-                        dev: DeviceModel) -> list[Candidate]:
-    """Each of ``unmoved``'s candidates with what its ``hidden`` plan (its ``"auto"`` plan, in the
-    same order) offloads and the 1, 2, 4, ... largest other movable values, up to every one
-    (``"all"``); each offload set once, none equal to the hidden one's; none where the device is
-    the host (Note [Offload under a budget])."""
-    if host_link(_device(jg)) is None:
-        return []
-    timelines: dict[int, list[float]] = {}
-    out = []
-    for c, h in zip(unmoved, hidden, strict=True):
-        g = c.jg or jg
-        if id(g) not in timelines:
-            timelines[id(g)] = node_seconds(g, dev)
-        seen = {frozenset(o.name for o in h.plan.offloaded)}
-        everything = with_offload(g, list(c.saved), c.plan, "all", dev, timelines[id(g)])
-        ladder, extra = [], 1
-        while True:
-            step = with_offload(g, list(c.saved), c.plan, "all", dev, timelines[id(g)], extra=extra)
-            if len(step.offloaded) >= len(everything.offloaded):
-                break
-            ladder.append(step)
-            extra *= 2
-        for plan in (*ladder, everything):
-            names = frozenset(o.name for o in plan.offloaded)
-            if names and names not in seen:
-                seen.add(names)
-                out.append(replace(c, plan=plan))
+def _ladder(c: Candidate, hidden: Candidate, g: JointGraph, dev: DeviceModel, seconds: list[float]) -> list[Candidate]:
+    """``c`` with what ``hidden`` (its ``"auto"`` plan) offloads and the 1, 2, 4, ... largest other
+    movable values, up to every one (``"all"``); each offload set once, none equal to the hidden
+    one's (Note [Offload under a budget])."""
+    everything = with_offload(g, list(c.saved), c.plan, "all", dev, seconds)
+    rungs, extra = [], 1
+    while True:
+        rung = with_offload(g, list(c.saved), c.plan, "all", dev, seconds, extra=extra)
+        if len(rung.offloaded) >= len(everything.offloaded):
+            break
+        rungs.append(rung)
+        extra *= 2
+    seen, out = {frozenset(o.name for o in hidden.plan.offloaded)}, []
+    for plan in (*rungs, everything):
+        names = frozenset(o.name for o in plan.offloaded)
+        if names and names not in seen:
+            seen.add(names)
+            out.append(replace(c, plan=plan))
     return out
 
 

@@ -37,7 +37,7 @@ from .choice import FIRST, Attempt, above_eager, default_first, within_budget
 from .chunking import chunk_rows, chunkable
 from .chunking import describe as describe_chunks
 from .decisions import Decisions, decisions
-from .offload import offloading_candidates, unhidden_candidates, with_offload
+from .offload import offloading_candidates, with_offload
 
 __all__ = ["Planned", "plan_joint_graph", "plan_of_saved", "traffic_weight"]
 
@@ -161,10 +161,8 @@ def plan_joint_graph(
     found = default_first([_noting_rules(c, decided, jg) for c in found],
                           eager.peak_bytes)  # Note [The default at most eager's peak]
     if options.offload:  # Note [Offload in a plan]
-        unmoved = found
-        found = offloading_candidates(found, jg, options.offload, dev)
-        if options.offload == "auto" and options.budget is not None:
-            found += unhidden_candidates(unmoved, found, jg, dev)  # Note [Offload under a budget]
+        found = offloading_candidates(found, jg, options.offload, dev,  # Note [Offload under a budget]
+                                      ladder=options.offload == "auto" and options.budget is not None)
     frontier = tuple(non_dominated([c.plan for c in found]))
     picked = next((c for c in found if c.plan.key == pick), None) if pick is not None else None
     if picked is not None:
