@@ -83,7 +83,8 @@ probe's ``first_s``), then up to ``--iters`` timed steps (CUDA events), stopping
 ``--timing-s`` seconds were timed (at least one). remat's measured plans (``remat.tuning``) are
 chosen on the first steps, a candidate a step: the probe steps on until every graph chose
 (``real_models.finish_tuning``, at most 16 steps; ``tuning_steps``, ``tuning_s`` in its
-``extra``) before it times any. Step ms = their median; tokens/s = length / step seconds. Measured peak (``real_models`` protocol): gradients set to None before the step,
+``extra``) before it times any. Step ms = their median; tokens/s = length / step seconds.
+Measured peak (``real_models`` protocol): gradients set to None before the step,
 ``reset_peak_memory_stats()``, peak = ``max_memory_allocated`` during the step minus
 ``memory_allocated`` before it; the maximum over the timed steps. ``reserved_mib`` is the highest
 ``max_memory_reserved`` of the probe, what the cap bounds.
