@@ -116,20 +116,7 @@ def schedule(cands: Iterable[OffloadCandidate], seconds: Sequence[float], bounda
     stalls included. Deterministic."""
     cands = tuple(cands)
     _check(cands, seconds, boundary)
-    start = [0.0, *accumulate(seconds)][:-1]
-    end = list(accumulate(seconds))
-    eps = _EPS * end[-1]
-    outs = _copy_out(cands, end, link.d2h)
-    ins = _copy_in(cands, start, link.h2d, outs)
-    entries = []
-    for c in sorted(cands, key=lambda c: (c.ready, c.node)):
-        (out_start, out_end), (in_start, in_end) = outs[c.node], ins[c.node]
-        late = in_end - start[c.needed]
-        entries.append(Entry(c.node, c.nbytes, out_start, out_end, in_start, in_end,
-                             freed_after=bisect_left(end, out_end - eps, lo=c.ready),
-                             reloaded_at=bisect_right(start, in_start + eps) - 1,
-                             stall=late if late > eps else 0.0))
-    return OffloadSchedule(tuple(entries), sum(e.stall for e in entries), sum(c.nbytes for c in cands))
+    return _Timeline(seconds, link).schedule(cands)
 
 
 def hidden(cands: Iterable[OffloadCandidate], seconds: Sequence[float], boundary: int,
@@ -140,16 +127,41 @@ def hidden(cands: Iterable[OffloadCandidate], seconds: Sequence[float], boundary
     absent somewhere; a value that would break that is skipped and the next one tried."""
     cands = tuple(cands)
     _check(cands, seconds, boundary)
+    line = _Timeline(seconds, link)  # the op times once: each trial only re-times the copies
     chosen: list[OffloadCandidate] = []
     best = OffloadSchedule()
     for c in sorted(cands, key=lambda c: (-c.nbytes, c.node)):
         if c.nbytes <= 0:
             continue
-        trial = schedule([*chosen, c], seconds, boundary, link)
+        trial = line.schedule((*chosen, c))
         if trial.stall_seconds == 0 and all(e.absent for e in trial.entries):
             chosen.append(c)
             best = trial
     return best
+
+
+class _Timeline:
+    """The step's op times (Note [Offload timeline]), computed once for any number of schedules."""
+
+    def __init__(self, seconds: Sequence[float], link: Link):
+        self.start = [0.0, *accumulate(seconds)][:-1]
+        self.end = list(accumulate(seconds))
+        self.eps = _EPS * self.end[-1]
+        self.link = link
+
+    def schedule(self, cands: Sequence[OffloadCandidate]) -> OffloadSchedule:
+        start, end, eps = self.start, self.end, self.eps
+        outs = _copy_out(cands, end, self.link.d2h)
+        ins = _copy_in(cands, start, self.link.h2d, outs)
+        entries = []
+        for c in sorted(cands, key=lambda c: (c.ready, c.node)):
+            (out_start, out_end), (in_start, in_end) = outs[c.node], ins[c.node]
+            late = in_end - start[c.needed]
+            entries.append(Entry(c.node, c.nbytes, out_start, out_end, in_start, in_end,
+                                 freed_after=bisect_left(end, out_end - eps, lo=c.ready),
+                                 reloaded_at=bisect_right(start, in_start + eps) - 1,
+                                 stall=late if late > eps else 0.0))
+        return OffloadSchedule(tuple(entries), sum(e.stall for e in entries), sum(c.nbytes for c in cands))
 
 
 def _copy_out(cands: Sequence[OffloadCandidate], end: Sequence[float], d2h: float) -> dict[int, tuple[float, float]]:

@@ -22,7 +22,7 @@ from .build_plan import EagerBaseline
 from .candidates import Candidate
 
 __all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "above_eager",
-           "default_first", "within_budget", "compile_within_budget", "infeasible", "missed_budget", "peak_allowed"]
+           "budget_share", "default_first", "judged_peak", "within_budget", "compile_within_budget", "infeasible", "missed_budget", "peak_allowed"]
 
 MAX_COMPILES = 2
 """At most this many compiles of one graph under a budget (Note [Budget re-plan])."""
@@ -198,7 +198,7 @@ def choose(candidates: list[Candidate], budget_bytes: int, eager_peak: int, floo
     re-plan])."""
 
     def peak(c: Candidate) -> int:
-        return attempt.known_peaks.get(c.plan.key, c.peak + attempt.gap)
+        return judged_peak(c, attempt)
 
     if peak(candidates[0]) <= budget_bytes:
         return candidates[0]
@@ -282,13 +282,26 @@ def default_first(candidates: list[Candidate], eager_peak: int) -> list[Candidat
     return [default, *[c for c in candidates if c is not picked]]
 
 
+def judged_peak(c: Candidate, attempt: Attempt = FIRST) -> int:
+    """``c``'s peak as ``attempt`` judges it: read by an earlier compile, else predicted and
+    raised by the readings' ``gap`` (Note [Budget re-plan])."""
+    return attempt.known_peaks.get(c.plan.key, c.peak + attempt.gap)
+
+
+def budget_share(budget: Budget, eager: EagerBaseline, attempt: Attempt = FIRST) -> int:
+    """This graph's share of ``budget`` (a fraction of ``eager``'s peak, or bytes) in bytes: the
+    budget less what the graphs the step ran before it save (Note [Step budget])."""
+    e = attempt.earlier
+    step_eager = max(e.eager_peak_bytes, e.eager_saved_bytes + eager.peak_bytes)
+    return budget.resolve(step_eager) - e.saved_bytes
+
+
 def within_budget(candidates: list[Candidate], budget: Budget, eager: EagerBaseline,
                   attempt: Attempt = FIRST) -> Candidate:
     """The candidate ``budget`` (a fraction of ``eager``'s peak, or bytes) chooses, its plan
     marked with the budget in bytes (``Plan.budget_bytes``)."""
     e = attempt.earlier
-    step_eager = max(e.eager_peak_bytes, e.eager_saved_bytes + eager.peak_bytes)
-    limit = budget.resolve(step_eager) - e.saved_bytes  # this graph's share (Note [Step budget])
+    limit = budget_share(budget, eager, attempt)
     if e.graphs and limit < min(c.plan.predicted_peak_bytes for c in candidates):
         smallest = min(c.plan.predicted_peak_bytes for c in candidates)
         raise infeasible(max(limit, 0), smallest + e.saved_bytes, eager_peak=eager.peak_bytes,

@@ -33,7 +33,7 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from .build_plan import EagerBaseline, build_plan
 from .candidates import Candidate, Origin, candidates, non_dominated
-from .choice import FIRST, Attempt, above_eager, default_first, within_budget
+from .choice import FIRST, Attempt, above_eager, budget_share, default_first, judged_peak, within_budget
 from .chunking import chunk_rows, chunkable
 from .chunking import describe as describe_chunks
 from .decisions import Decisions, decisions
@@ -161,8 +161,11 @@ def plan_joint_graph(
     found = default_first([_noting_rules(c, decided, jg) for c in found],
                           eager.peak_bytes)  # Note [The default at most eager's peak]
     if options.offload:  # Note [Offload in a plan]
-        found = offloading_candidates(found, jg, options.offload, dev,  # Note [Offload under a budget]
-                                      ladder=options.offload == "auto" and options.budget is not None)
+        fits = None
+        if options.offload == "auto" and options.budget is not None:  # Note [Offload under a budget]
+            limit = budget_share(options.budget, eager, attempt)
+            fits = lambda c: judged_peak(c, attempt) <= limit  # noqa: E731 - the budget's own test
+        found = offloading_candidates(found, jg, options.offload, dev, fits=fits)
     frontier = tuple(non_dominated([c.plan for c in found]))
     picked = next((c for c in found if c.plan.key == pick), None) if pick is not None else None
     if picked is not None:

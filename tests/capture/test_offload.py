@@ -320,3 +320,45 @@ def test_auto_under_a_budget_offloads_part_of_a_cut_where_that_is_enough(monkeyp
     except remat.InfeasibleBudgetError:
         every = None
     assert every is None or part.cost_seconds <= every.cost_seconds
+
+
+def test_ladders_are_built_only_for_candidates_that_can_win_and_the_choice_is_unchanged(monkeypatch):
+    # Note [Offload under a budget]: a rung costs at least its candidate's time, so only the
+    # candidates whose own plan misses the budget and is faster than every fitting plan get a ladder
+    # (none where the default fits); the budget then chooses what it chose among every ladder.
+    from remat.core.offload import Link
+    from remat.planning import offload as planning_offload
+    from remat.planning import planner
+
+    monkeypatch.setattr(planning_offload, "host_link", lambda device: Link(d2h=2e8, h2d=2e8))
+    real = planning_offload.offloading_candidates
+    built: list[int] = []
+
+    def every_ladder(found, jg, mode, dev, *, fits=None):
+        return real(found, jg, mode, dev, fits=None if fits is None else (lambda c: False))
+
+    def counted(found, jg, mode, dev, *, fits=None):
+        out = real(found, jg, mode, dev, fits=fits)
+        built.append(len(out) - len(found))
+        return out
+
+    base, x = _mlp(depth=8), torch.randn(512, 256)
+    torch._dynamo.reset()
+    f = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    smallest = min(p.predicted_peak_bytes for p in f.points)
+    budgets = [f.default.predicted_peak_bytes, (f.default.predicted_peak_bytes + smallest) // 2,
+               int(0.95 * smallest), int(0.8 * smallest)]
+    for budget in budgets:
+        chosen = {}
+        for name, fn in (("all", every_ladder), ("pruned", counted)):
+            monkeypatch.setattr(planner, "offloading_candidates", fn)
+            torch._dynamo.reset()
+            try:
+                plan = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto",
+                                                      budget=budget), x)
+                chosen[name] = (plan.key, plan.predicted_peak_bytes, plan.cost_seconds)
+            except remat.InfeasibleBudgetError as e:
+                chosen[name] = str(e)
+        assert chosen["pruned"] == chosen["all"], budget
+    assert built[0] == 0  # the default fits: no ladder
+    assert any(k > 0 for k in built[2:])  # below every recompute plan the ladders are there

@@ -154,13 +154,21 @@ class _Copies:
         """``fwd`` and ``bwd`` with the copies placed. ``ops_fwd`` / ``ops_bwd``: the ops
         ``offload``'s positions count."""
         fwd, bwd = list(fwd), list(bwd)
-        for v, m in sorted(offload.moves.items()):
-            last = max(k for k, w in enumerate(fwd) if w == v or (w < s.n and any(s.root[u] == v for u in s.inputs[w])))
+        last_reader: dict[int, int] = {}  # storage -> the last forward node that is it or reads it
+        for w in fwd:
+            last_reader[w] = w
+            for u in s.inputs[w]:
+                last_reader[s.root[u]] = w
+        first_reader: dict[int, int] = {}  # storage -> the first backward node reading it
+        for w in bwd:
+            for u in s.inputs[w]:
+                first_reader.setdefault(s.root[u], w)
+        for v, m in sorted(offload.moves.items()):  # a copy never reads a value: the readers stay the step's nodes
+            last = fwd.index(last_reader[v])
             fwd.insert(last + 1, self.to_host[v])
             anchor = fwd.index(ops_fwd[min(m.released_after, len(ops_fwd) - 1)])
             fwd.insert(max(anchor, last + 1) + 1, self.ready[v])
-            first = next((k for k, w in enumerate(bwd) if w < s.n and any(s.root[u] == v for u in s.inputs[w])),
-                         len(bwd))
+            first = bwd.index(first_reader[v]) if v in first_reader else len(bwd)
             p = m.reloaded_at - len(ops_fwd)
             bwd.insert(min(bwd.index(ops_bwd[p]) if 0 <= p < len(ops_bwd) else first, first), self.to_device[v])
         return fwd, bwd
