@@ -22,7 +22,8 @@ from .build_plan import EagerBaseline
 from .candidates import Candidate
 
 __all__ = ["MAX_COMPILES", "EAGER_PEAK_SLACK", "Attempt", "Earlier", "FIRST", "choose", "above_eager",
-           "budget_share", "default_first", "judged_peak", "within_budget", "compile_within_budget", "infeasible", "missed_budget", "peak_allowed"]
+           "budget_share", "default_first", "judged_peak", "within_budget", "compile_within_budget", "infeasible",
+           "missed_budget", "peak_allowed"]
 
 MAX_COMPILES = 2
 """At most this many compiles of one graph under a budget (Note [Budget re-plan])."""

@@ -280,8 +280,9 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
 # and is faster than every plan that fits; no ladder where the default fits (the budget takes
 # it). The other ladders are not built: each rung is a simulation of the step's peak, and on HF
 # GPT-2 at budget 0.5 (CPU, 44 candidates, offload="auto" over a GPU-like link) planning took
-# 30 s with every candidate's ladder and 12 s with these, choosing the same plan. (A rung without stall that ties its candidate's time is one of those not
-# built: the tie goes to the lower peak in ``choose``, a difference inside the peak model's error.)
+# 30 s with every candidate's ladder and 12 s with these, choosing the same plan. (A rung
+# without stall that ties its candidate's time is one of those not built: the tie goes to the
+# lower peak in ``choose``, a difference inside the peak model's error.)
 
 
 def _ladder(c: Candidate, hidden: Candidate, g: JointGraph, dev: DeviceModel, seconds: list[float]) -> list[Candidate]:
