@@ -45,6 +45,9 @@ STRATEGIES = ("eager", "eager+ckpt", "compile", "compile b0.5", "compile+ckpt", 
 """The table's order: ``real_models.STRATEGIES`` (a test keeps the two equal)."""
 OWN_RUN = ("remat uncompiled", "remat offload auto", "remat offload all")
 """Strategies measured in a run of their own (offload: ``offload-h200.md``), not listed as missing here."""
+OFFLOAD_RUNS: tuple[str, ...] = ()
+"""Runs in ``RESULTS`` (file names) whose plans with offload the plots draw as their own line
+(``offload_rows``), beside the run the table comes from."""
 NAMES = {"gpt2": "HF GPT-2 124M", "llama": "HF Llama (1024 wide, 12 layers)", "vit": "timm ViT-B/16",
          "resnet50": "torchvision ResNet-50"}
 
@@ -260,12 +263,38 @@ def section(folder: pathlib.Path = RESULTS) -> str:
 # Frontier plots
 
 
-def points(items: list[Entry], model: str) -> dict:
-    """What the model's plot draws: remat's measured points by peak, and the other strategies'."""
+def offloads(strategy: str) -> bool:
+    """Whether a strategy's plans may offload (``real_models``: "remat offload auto", a "+offload" suffix)."""
+    return strategy.startswith("remat") and "offload" in strategy
+
+
+def offload_rows(model: str, folder: pathlib.Path = RESULTS, runs: tuple[str, ...] | None = None) -> list[list]:
+    """``model``'s measured offload strategies in ``runs`` (default ``OFFLOAD_RUNS``), the newest
+    of each strategy (by its run's date, then the file's name): [strategy, peak MiB, step ms, date]."""
+    newest: dict[str, tuple[tuple[str, str], list]] = {}
+    for name in OFFLOAD_RUNS if runs is None else runs:
+        doc = _load(folder / name)
+        for r in doc.get("models", {}).get(model, {}).get("rows", []):
+            if offloads(r["strategy"]) and measured(r) and r.get("peak_mib"):
+                key = (doc["date"], name)
+                if r["strategy"] not in newest or key > newest[r["strategy"]][0]:
+                    newest[r["strategy"]] = (key, [r["strategy"], round(r["peak_mib"], 1), round(r["ms"], 3),
+                                                   doc["date"]])
+    return [pt for _, pt in newest.values()]
+
+
+def points(items: list[Entry], model: str, offloaded: list[list] = ()) -> dict:
+    """What the model's plot draws: remat's measured points by peak (plans with offload apart,
+    with ``offloaded``, from other runs: ``offload_rows``), and the other strategies'."""
     mine = [e for e in items if e.model == model and measured(e.row) and e.row.get("peak_mib")]
     pt = lambda e: [e.row["strategy"], round(e.row["peak_mib"], 1), round(e.row["ms"], 3), e.anchors]
-    remat = sorted((pt(e) for e in mine if e.row["strategy"].startswith("remat")), key=lambda p: (p[1], p[2]))
-    return {"model": model, "remat": remat, "other": [pt(e) for e in mine if not e.row["strategy"].startswith("remat")]}
+    by_peak = lambda p: (p[1], p[2])
+    remat = sorted((pt(e) for e in mine if e.row["strategy"].startswith("remat") and not offloads(e.row["strategy"])),
+                   key=by_peak)
+    here = [[*pt(e)[:3], e.date] for e in mine if offloads(e.row["strategy"])]
+    off = sorted(here + [p for p in offloaded if p[0] not in {q[0] for q in here}], key=by_peak)
+    return {"model": model, "remat": remat, "offload": off,
+            "other": [pt(e) for e in mine if not e.row["strategy"].startswith("remat")]}
 
 
 def plot_digest(data: dict, *code: Callable) -> str:
@@ -276,7 +305,7 @@ def plot_digest(data: dict, *code: Callable) -> str:
 
 
 def digest(data: dict) -> str:
-    return plot_digest(data, points, draw)
+    return plot_digest(data, points, offload_rows, draw)
 
 
 def draw(data: dict, title: str, path: pathlib.Path) -> None:
@@ -291,6 +320,13 @@ def draw(data: dict, title: str, path: pathlib.Path) -> None:
         ax.plot(xs, ys, "-o", color="C3", label="remat (default and budgets, measured)")
         for name, x, y, _ in data["remat"]:
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(-5, 5), ha="right", fontsize=8, color="C3")
+    if data.get("offload"):
+        xs, ys = [p[1] for p in data["offload"]], [p[2] for p in data["offload"]]
+        dates = sorted({p[3] for p in data["offload"]})
+        ax.plot(xs, ys, "--s", color="C2", label=f"remat with offload (measured {', '.join(dates)})")
+        for name, x, y, _ in data["offload"]:
+            ax.annotate(name.removeprefix("remat "), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8,
+                        color="C2")
     for flag, style, label in ((False, {"color": "C0"}, "other strategies, same run"),
                                (True, {"facecolors": "none", "edgecolors": "C0"}, "anchors run")):
         pts = [p for p in data["other"] if p[3] == flag]
@@ -337,7 +373,7 @@ def figures(folder: pathlib.Path = RESULTS) -> list[Figure]:
     items = entries(run, _load(apath) if apath.exists() else None)
     out = []
     for model in MODELS:
-        data = points(items, model)
+        data = points(items, model, offload_rows(model, folder))
         batch = "x".join(map(str, run["models"][model].get("info", {}).get("batch", [])))
         title = f"{NAMES[model]}, batch {batch}\n{run['device']}, torch {run['torch']}, {run['date']}"
         path = folder / FIGURE.format(model=model)

@@ -115,3 +115,27 @@ def test_a_plot_is_stale_when_its_data_changes(tmp_path):
     assert rrm.png_comment(fig.path) == fig.digest
     _write(tmp_path, "real-models-h200-a.json", _run("2030-01-01 00:00 UTC", [_ok("remat b0.5", 12.0, 120.0)]))
     assert rrm.figures(tmp_path)[0].digest != fig.digest
+
+
+def test_plans_with_offload_are_their_own_line_newest_of_each_strategy(tmp_path, monkeypatch):
+    # issue 28: each model's plot shows its offload plans as their own line, from the listed runs
+    # (OFFLOAD_RUNS), the newest measurement of each strategy; a failed row is not drawn.
+    _write(tmp_path, "real-models-h200-a.json", _run("2030-01-01 00:00 UTC", [_ok("remat b0.5", 12.0, 120.0)]))
+    _write(tmp_path, "real-models-h200-off1.json", _run("2030-02-01 00:00 UTC", [
+        _ok("remat @0.8 ckpt +offload", 15.0, 90.0), _ok("remat offload all", 30.0, 70.0),
+        {"strategy": "remat @0.8 ckpt +offload all", "status": "oom", "error": "CUDA out of memory"}]))
+    _write(tmp_path, "real-models-h200-off2.json", _run("2030-03-01 00:00 UTC", [
+        _ok("remat @0.8 ckpt +offload", 14.0, 88.0)], models=("gpt2",)))
+    monkeypatch.setattr(rrm, "OFFLOAD_RUNS", ("real-models-h200-off2.json", "real-models-h200-off1.json"))
+    gpt2, vit = rrm.figures(tmp_path)[0], rrm.figures(tmp_path)[2]
+    items = rrm.entries(rrm._load(tmp_path / "real-models-h200-a.json"), None)
+    drawn = rrm.points(items, "gpt2", rrm.offload_rows("gpt2", tmp_path))
+    assert [p[0] for p in drawn["remat"]] == ["remat b0.5", "remat"]  # by peak; no offload plan on this line
+    assert drawn["offload"] == [["remat offload all", 70.0, 30.0, "2030-02-01 00:00 UTC"],
+                                ["remat @0.8 ckpt +offload", 88.0, 14.0, "2030-03-01 00:00 UTC"]]
+    assert [p[0] for p in rrm.points(items, "vit", rrm.offload_rows("vit", tmp_path))["offload"]] == [
+        "remat offload all", "remat @0.8 ckpt +offload"]
+    gpt2.write()
+    assert rrm.png_comment(gpt2.path) == gpt2.digest
+    monkeypatch.setattr(rrm, "OFFLOAD_RUNS", ("real-models-h200-off1.json",))
+    assert rrm.figures(tmp_path)[0].digest != gpt2.digest and rrm.figures(tmp_path)[2].digest == vit.digest
