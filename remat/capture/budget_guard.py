@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import torch
 
 from .. import compat
+from .allocator import warn_retries
 from .measure import _compiled_node
 
 __all__ = ["MEASURED_SLACK", "Meter", "Allocator", "CudaAllocator", "PeakWindows", "BudgetGuard", "meter_for",
@@ -53,6 +54,8 @@ budget peak]): the measurement's own noise across steps."""
 class _Window:
     base: int
     peak: int = 0
+    retries: int = 0
+    """The allocator's retry count at the window's start, then (closed) the retries during it."""
 
 
 class Meter(Protocol):
@@ -62,15 +65,24 @@ class Meter(Protocol):
 
     def close(self, window: Any) -> int: ...
 
+    def retries(self, window: Any) -> int:
+        """After ``close``: the allocations the allocator retried during the window (Note
+        [Allocator retries at the limit] in ``remat.capture.allocator``)."""
+        ...
+
 
 class Allocator(Protocol):
-    """The three readings of a device allocator the windows use (``CudaAllocator``)."""
+    """The readings of a device allocator the windows use (``CudaAllocator``)."""
 
     def peak(self) -> int: ...
 
     def reset_peak(self) -> None: ...
 
     def allocated(self) -> int: ...
+
+    def retries(self) -> int:
+        """Allocations retried after freeing the cache, since the process started."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,9 @@ class CudaAllocator:
 
     def allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device)
+
+    def retries(self) -> int:
+        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
 
 
 @dataclass
@@ -102,7 +117,7 @@ class PeakWindows:
     def open(self) -> _Window:
         self._fold()
         self.allocator.reset_peak()
-        w = _Window(self.allocator.allocated())
+        w = _Window(self.allocator.allocated(), retries=self.allocator.retries())
         w.peak = w.base
         self.windows.append(w)
         return w
@@ -110,7 +125,11 @@ class PeakWindows:
     def close(self, window: _Window) -> int:
         self._fold()
         self.windows.remove(window)
+        window.retries = self.allocator.retries() - window.retries
         return window.peak - window.base
+
+    def retries(self, window: _Window) -> int:
+        return window.retries
 
 
 _METERS: dict[torch.device, PeakWindows] = {}
@@ -158,12 +177,13 @@ class BudgetGuard:
     call, never inside the backward) and returns its callable."""
 
     def __init__(self, run: Callable[..., Any], meter: Meter, judge: Callable[[int], bool],
-                 replan: Callable[[], Callable[..., Any]], measure_call: int = 2):
+                 replan: Callable[[], Callable[..., Any]], measure_call: int = 2, budget: int | None = None):
         self.run = run
         self._meter = meter
         self._judge = judge
         self._replan = replan
         self._measure_call = measure_call
+        self._budget = budget
         self._calls = 0
         self._measuring = True
         self._again = False
@@ -196,7 +216,9 @@ class BudgetGuard:
             if self._window is not window:
                 return
             self._window = None
-            again = self._judge(self._meter.close(window))
+            peak = self._meter.close(window)
+            warn_retries(self._meter.retries(window), peak, self._budget)
+            again = self._judge(peak)
             self._again = again
             self._measuring = again
 

@@ -337,7 +337,7 @@ class RematBackend:
                                  missed=(*state["missed"], missed_budget(plan, plan.compiled_peak_bytes, "read")))
             return run
 
-        return budget_guard.BudgetGuard(compiled, meter, judge, replan)
+        return budget_guard.BudgetGuard(compiled, meter, judge, replan, budget=self.plans[k].budget_bytes)
 
     def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                read_peak: Callable[[Any], None], stock: bool = False) -> Any:

@@ -28,6 +28,7 @@ import torch
 
 from .. import compat
 from ..core.selection import Measured, Selection, select
+from .allocator import warn_retries
 
 __all__ = ["Timer", "WallTimer", "CudaTimer", "TunedGraph", "timer_for"]
 
@@ -151,7 +152,9 @@ class TunedGraph:
             if step.bwd_end is None:
                 step.bwd_end = timer.mark()
                 if step.window is not None:
-                    step.peak, step.window = self._meter.close(step.window), None
+                    window, step.window = step.window, None
+                    step.peak = self._meter.close(window)
+                    warn_retries(self._meter.retries(window), step.peak, None)  # Note [Allocator retries at the limit]
 
         node.register_prehook(before)
         node.register_hook(after)

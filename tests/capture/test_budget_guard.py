@@ -17,11 +17,16 @@ from zoo import workloads
 
 
 class Scripted:
-    """A meter whose windows measure the given peaks, in order (then the last one again)."""
+    """A meter whose windows measure the given peaks, in order (then the last one again), each
+    with ``retries`` allocator retries."""
 
-    def __init__(self, *peaks: int):
+    def __init__(self, *peaks: int, retries: int = 0):
         self.peaks = list(peaks)
         self.opened = self.closed = 0
+        self.retried = retries
+
+    def retries(self, window):
+        return self.retried
 
     def open(self):
         self.opened += 1
@@ -116,7 +121,10 @@ def test_nothing_is_measured_off_cuda():
 
 class FakeAllocator:
     def __init__(self):
-        self.now = self.top = 0
+        self.now = self.top = self.retried = 0
+
+    def retries(self):
+        return self.retried
 
     def alloc(self, n):
         self.now += n
@@ -146,6 +154,59 @@ def test_nested_windows_keep_each_others_peaks():
     a.alloc(50)
     assert windows.close(outer) == 500  # 600 - 100, although the counter was reset inside it
     assert windows.windows == []
+
+
+def test_windows_count_the_allocators_retries_inside_them():
+    a = FakeAllocator()
+    windows = budget_guard.PeakWindows(a)
+    a.retried = 3  # before the window: not its own
+    outer = windows.open()
+    a.retried = 5
+    inner = windows.open()
+    a.retried = 6
+    windows.close(inner)
+    windows.close(outer)
+    assert (windows.retries(inner), windows.retries(outer)) == (1, 3)
+
+
+@pytest.fixture
+def fresh_warning(monkeypatch):
+    """The retry warning not given yet in this process, and no allocator settings in the environment."""
+    from remat.capture import allocator
+
+    monkeypatch.setattr(allocator, "_RETRIES_WARNED", False)
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(k, raising=False)
+    return allocator
+
+
+def test_a_measured_step_at_the_memory_limit_recommends_expandable_segments_once(monkeypatch, fresh_warning):
+    # Note [Allocator retries at the limit]: retries in the measured window warn, once per process,
+    # naming the count, the measured peak, the budget and the setting; the plan is judged as before.
+    model, x = _model()
+    budget = _default_peak(model, x)
+    with pytest.warns(UserWarning) as caught:
+        second = _train(model, x, 3, Scripted(budget - 1000, retries=4), monkeypatch, budget)[1]
+    ours = [str(w.message) for w in caught if "caching allocator" in str(w.message)]
+    assert len(ours) == 1 and ours[0].startswith("remat: during a measured training step (peak ")
+    assert "failed 4 allocation(s)" in ours[0] and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in ours[0]
+    assert f"under a budget of {remat.units.format_bytes(budget)}" in ours[0]
+    assert second.measured_peak_bytes == budget - 1000
+
+
+@pytest.mark.parametrize("conf,retries", [("expandable_segments:True", 4), (None, 0)])
+def test_no_retry_warning_with_expandable_segments_or_without_retries(monkeypatch, fresh_warning, conf, retries):
+    import warnings
+
+    if conf:
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", f"max_split_size_mb:512, {conf}")
+    assert fresh_warning.expandable_segments() == bool(conf)
+    model, x = _model()
+    budget = _default_peak(model, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(model, x, 3, Scripted(budget - 1000, retries=retries), monkeypatch, budget)
+    assert not [w for w in caught if "caching allocator" in str(w.message)]
 
 
 def test_lookalike_inputs_keep_parameters_and_not_activations():
