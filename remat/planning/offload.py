@@ -282,7 +282,9 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
 # GPT-2 at budget 0.5 (CPU, 44 candidates, offload="auto" over a GPU-like link) planning took
 # 30 s with every candidate's ladder and 12 s with these, choosing the same plan. (A rung
 # without stall that ties its candidate's time is one of those not built: the tie goes to the
-# lower peak in ``choose``, a difference inside the peak model's error.)
+# lower peak in ``choose``, a difference inside the peak model's error.) The frontier a budgeted
+# graph keeps lacks them too, so tuning's smaller plans (``Tuning.frontier``) come from the
+# ladders built; ``pareto`` plans without a budget and builds none.
 
 
 def _ladder(c: Candidate, hidden: Candidate, g: JointGraph, dev: DeviceModel, seconds: list[float]) -> list[Candidate]:
