@@ -391,6 +391,11 @@ def measure(fn: Callable, model: torch.nn.Module, wl: zoo.Workload, n: int, setu
     extra = dict(tuning)
     if cuda:  # the caching allocator at the cap (issue 28, item 5): per timed step
         extra |= {k: (v - before[k]) / len(times) for k, v in _allocator_calls().items()}
+    if args.kernels:  # where a step's time goes: its longest kernels (CPU: ops), one more step
+        table = rm.kernel_table(fn, model, wl, device)
+        extra["kernels"] = {"kind": table["kind"], "total_ms": table["total_us"] / 1e3,
+                            "top": [[name, k["calls"], k["us"] / 1e3]
+                                    for name, k in list(table["kernels"].items())[:args.kernels]]}
     return Probe(n, True, ms=ms, times_ms=times, tokens_per_s=n / (ms / 1e3), peak_mib=peak / MiB,
                  reserved_mib=reserved / MiB if cuda else None, held_mib=held / MiB if cuda else None,
                  capped_bytes=reserved if cuda else cpu_peak, first_s=first_s, extra=extra)
@@ -741,6 +746,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile-backend", default=None, help="torch.compile's backend (inductor; tiny aot_eager)")
     p.add_argument("--remat-backend", default=None, help="remat's backend (inductor; tiny eager)")
     p.add_argument("--tiny", action="store_true", help="tiny Llama in fp32 on the CPU, emulated cap (smoke test)")
+    p.add_argument("--kernels", type=int, default=0,
+                   help="record each fitting probe's N longest kernels of one more step (CPU: ops; 0: none)")
     p.add_argument("--tag", default="long-context")
     p.add_argument("--out", default="out")
     return resolve(p.parse_args(argv))

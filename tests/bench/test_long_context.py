@@ -142,6 +142,18 @@ def test_a_compiled_strategy_is_measured_without_asking_remat_for_plans(tmp_path
     assert all("tuning_steps" not in p["extra"] for p in res["probes"])
 
 
+def test_kernels_records_where_each_fitting_probes_step_goes(tmp_path):
+    doc = lc.main(["--tiny", "--strategies", "remat", "--cap-mib", "3", "--max-seq", "128", "--timing-s", "0.1",
+                   "--kernels", "3", "--out", str(tmp_path), "--tag", "tiny-kernels"])
+    fits = [p for p in doc["strategies"]["remat"]["probes"] if p["fits"]]
+    assert fits
+    for p in fits:
+        k = p["extra"]["kernels"]
+        assert k["kind"] == "cpu ops" and len(k["top"]) == 3 and k["total_ms"] > 0
+        times = [ms for _, _, ms in k["top"]]
+        assert times == sorted(times, reverse=True) and all(calls > 0 for _, calls, _ in k["top"])
+
+
 def test_table_shows_what_bounds_a_search_that_did_not_finish():
     doc = {"max_seq": TOP, "strategies": {
         "eager": {"status": "ok", "longest": 20 * G, "first_fail": 21 * G, "complete": True, "compile_s": None,
