@@ -2,7 +2,7 @@
 
     python benchmarks/plan_speed.py --blocks 24
     python benchmarks/plan_speed.py --models gpt2,llama,vit,resnet50 [--budgets default,0.75,0.5,0.3]
-        [--profile gpt2:0.5] [--fingerprints before.json] [--check before.json]
+        [--profile gpt2:0.5] [--fingerprints before.json] [--check before.json] [--offload auto]
 
 ``--blocks``: for the joint graph of a ``blocks``-deep GPT (the gpt workload's block), the whole
 default planning step (analysis, CSE, policy, min-cut, plan) and the full frontier (the same
@@ -18,6 +18,9 @@ planner receives it), then planned again for each budget with the Inductor peak 
 ``--fingerprints`` writes each plan's fingerprint (the
 chosen plan, its saved values and the frontier); ``--check`` compares with such a file and
 exits 1 on any difference. ``--profile model:budget`` prints cProfile's top functions.
+``--offload auto`` plans with ``offload="auto"`` over a host link of ``--link-gbs`` GB/s (the CPU
+has none, so the planner is given a GPU's): under a budget the candidates then carry their
+offloads, and some their ladders of more (Note [Offload under a budget]).
 """
 
 from __future__ import annotations
@@ -161,10 +164,11 @@ def capture_model(name: str) -> Captured:
     return Captured(name, grabbed["gm"], grabbed["args"], grabbed["kwargs"], grabbed["s"], grabbed["n"])
 
 
-def plan_with(c: Captured, budget: str) -> planner.Planned:
-    """Plan ``c``'s joint graph (a copy) with ``budget`` (``default``: none), as the partition would."""
+def plan_with(c: Captured, budget: str, offload: bool | str = False) -> planner.Planned:
+    """Plan ``c``'s joint graph (a copy) with ``budget`` (``default``: none) and ``offload``, as
+    the partition would."""
     nfo, static, options, want_frontier, backend = c.args
-    options = dataclasses.replace(options, budget=None if budget == "default" else float(budget))
+    options = dataclasses.replace(options, budget=None if budget == "default" else float(budget), offload=offload)
     return planner.plan_joint_graph(copy.deepcopy(c.gm), nfo, static, options, want_frontier, backend, **c.kwargs)
 
 
@@ -196,7 +200,7 @@ def run_models(args) -> None:
 
             def once(b=b, res=res):
                 try:
-                    res["p"] = plan_with(c, b)
+                    res["p"] = plan_with(c, b, args.offload)
                 except remat.InfeasibleBudgetError as e:  # the planning ran; nothing fits
                     res["p"] = e
 
@@ -235,6 +239,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=24)
     parser.add_argument("--models", default=None, help=f"comma-separated, of {MODELS}")
     parser.add_argument("--budgets", default="default,0.75,0.5,0.3")
+    parser.add_argument("--offload", default=False, choices=[False, "auto", "all"],
+                        type=lambda v: v if v != "off" else False,
+                        help="--models: plan with offload= ('off', 'auto', 'all'), over a host link of --link-gbs")
+    parser.add_argument("--link-gbs", type=float, default=25.0,
+                        help="with --offload: the host link's GB/s each way, as a GPU's (the CPU has none)")
     parser.add_argument("--profile", default=None, help="model:budget[,model:budget]: cProfile that run")
     parser.add_argument("--fingerprints", default=None, help="write each plan's fingerprint here (JSON)")
     parser.add_argument("--check", default=None, help="compare fingerprints with this file; exit 1 if any differ")
@@ -243,6 +252,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="whose peak model scores the plans (inductor: remat.fusion's kernels)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.offload:  # the CPU is its own host: give the planner a GPU's link, so that offloading saves memory
+        from remat.core.offload import Link
+        from remat.planning import offload as planning_offload
+
+        link = Link(d2h=args.link_gbs * 1e9, h2d=args.link_gbs * 1e9)
+        planning_offload.host_link = lambda device: link
     if args.models:
         run_models(args)
         return
