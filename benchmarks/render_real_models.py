@@ -2,7 +2,7 @@
 against torch.compile, and one frontier plot per model, from the JSON files of ``real_models.py``.
 
 Which files. The run is the newest (by its ``date`` field, then by name) ``real-models-h200*.json``
-in ``RESULTS`` that measured torch.compile on all of ``MODELS``; a partial rerun (one model, a
+in ``RESULTS`` that measured torch.compile and remat's default plan on all of ``MODELS``; a partial rerun (one model, a
 few strategies) never replaces it. The anchors are ``anchors-h200-torch<version>.json`` for the
 run's torch version: strategies the run lacks (eager + checkpoint, compile with a budget,
 compile + checkpoint) come from there, marked with the anchors run's date.
@@ -91,9 +91,11 @@ def _load(path: pathlib.Path) -> dict:
 
 
 def _full(doc: dict) -> bool:
+    """Whether ``doc`` measured torch.compile and remat's default plan on every model: the table's
+    run (a run of other strategies beside compile, offload's say, never replaces it)."""
     models = doc.get("models", {})
-    return all(any(measured(r) for r in models.get(m, {}).get("rows", []) if r["strategy"] == "compile")
-               for m in MODELS)
+    return all(any(measured(r) for r in models.get(m, {}).get("rows", []) if r["strategy"] == strategy)
+               for m in MODELS for strategy in ("compile", "remat"))
 
 
 def shown(path: pathlib.Path) -> str:
@@ -105,10 +107,11 @@ def shown(path: pathlib.Path) -> str:
 
 
 def newest_run(folder: pathlib.Path = RESULTS) -> pathlib.Path:
-    """The newest ``RUN_GLOB`` file that measured torch.compile on every model."""
+    """The newest ``RUN_GLOB`` file that measured torch.compile and remat on every model."""
     runs = [p for p in sorted(folder.glob(RUN_GLOB)) if _full(_load(p))]
     if not runs:
-        raise SystemExit(f"render: no {RUN_GLOB} in {folder} measured torch.compile on all of {', '.join(MODELS)}")
+        raise SystemExit(f"render: no {RUN_GLOB} in {folder} measured torch.compile and remat on all of "
+                         f"{', '.join(MODELS)}")
     return max(runs, key=lambda p: (_load(p)["date"], p.name))
 
 

@@ -121,12 +121,16 @@ def test_plans_with_offload_are_their_own_line_newest_of_each_strategy(tmp_path,
     # issue 28: each model's plot shows its offload plans as their own line, from the listed runs
     # (OFFLOAD_RUNS), the newest measurement of each strategy; a failed row is not drawn.
     _write(tmp_path, "real-models-h200-a.json", _run("2030-01-01 00:00 UTC", [_ok("remat b0.5", 12.0, 120.0)]))
-    _write(tmp_path, "real-models-h200-off1.json", _run("2030-02-01 00:00 UTC", [
+    off1 = _run("2030-02-01 00:00 UTC", [
         _ok("remat @0.8 ckpt +offload", 15.0, 90.0), _ok("remat offload all", 30.0, 70.0),
-        {"strategy": "remat @0.8 ckpt +offload all", "status": "oom", "error": "CUDA out of memory"}]))
+        {"strategy": "remat @0.8 ckpt +offload all", "status": "oom", "error": "CUDA out of memory"}])
+    for m in rrm.MODELS:  # compile and the offload strategies only, on every model: not the table's run
+        off1["models"][m]["rows"] = [r for r in off1["models"][m]["rows"] if r["strategy"] != "remat"]
+    _write(tmp_path, "real-models-h200-off1.json", off1)
     _write(tmp_path, "real-models-h200-off2.json", _run("2030-03-01 00:00 UTC", [
         _ok("remat @0.8 ckpt +offload", 14.0, 88.0)], models=("gpt2",)))
     monkeypatch.setattr(rrm, "OFFLOAD_RUNS", ("real-models-h200-off2.json", "real-models-h200-off1.json"))
+    assert rrm.newest_run(tmp_path).name == "real-models-h200-a.json"
     gpt2, vit = rrm.figures(tmp_path)[0], rrm.figures(tmp_path)[2]
     items = rrm.entries(rrm._load(tmp_path / "real-models-h200-a.json"), None)
     drawn = rrm.points(items, "gpt2", rrm.offload_rows("gpt2", tmp_path))
