@@ -22,6 +22,11 @@ import zoo  # noqa: E402
 from remat.planning.offload import host_link  # noqa: E402
 
 
+def _copy(o) -> tuple:
+    """An offloaded value: name, bytes, copy out and copy back (start, end) in ms."""
+    return (o.name, o.nbytes, *(1e3 * t for t in o.copy_out), *(1e3 * t for t in o.copy_in))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama")
@@ -37,7 +42,7 @@ def main() -> None:
         torch._dynamo.reset()
         m = remat.checkpoint(wl.model, backend="eager", tune=False, offload=mode)
         times = []
-        for i in range(4):
+        for _ in range(4):
             for p in m.parameters():
                 p.grad = None
             a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -53,10 +58,8 @@ def main() -> None:
         for k, p in enumerate(plans):
             row[f"g{k}"] = {"offloaded": len(p.offloaded), "host_mib": p.host_bytes / 2**20,
                             "stall_ms": p.offload_stall_seconds * 1e3, "predicted_mib": p.predicted_peak_bytes / 2**20,
-                            "copies": [(o.name, o.nbytes, *(1e3 * t for t in o.copy_out), *(1e3 * t for t in o.copy_in))
-                                       for o in p.offloaded[:12]],
-                            "last_copy": [(o.name, o.nbytes, *(1e3 * t for t in o.copy_out), *(1e3 * t for t in o.copy_in))
-                                          for o in p.offloaded[-4:]],
+                            "copies": [_copy(o) for o in p.offloaded[:12]],
+                            "last_copy": [_copy(o) for o in p.offloaded[-4:]],
                             "notes": [n for n in p.notes if "offload" in n]}
         rows[str(mode)] = row
     (out / f"offload-probe-{args.model}.json").write_text(json.dumps(rows, indent=1))
