@@ -2,10 +2,11 @@
 against torch.compile, and one frontier plot per model, from the JSON files of ``real_models.py``.
 
 Which files. The run is the newest (by its ``date`` field, then by name) ``real-models-h200*.json``
-in ``RESULTS`` that measured torch.compile and remat's default plan on all of ``MODELS``; a partial rerun (one model, a
-few strategies) never replaces it. The anchors are ``anchors-h200-torch<version>.json`` for the
-run's torch version: strategies the run lacks (eager + checkpoint, compile with a budget,
-compile + checkpoint) come from there, marked with the anchors run's date.
+in ``RESULTS`` that measured torch.compile and remat's default plan on all of ``MODELS``; a
+partial rerun (one model, a few strategies) never replaces it. The anchors are
+``anchors-h200-torch<version>.json`` for the run's torch version: strategies the run lacks
+(eager + checkpoint, compile with a budget, compile + checkpoint) come from there, marked with
+the anchors run's date.
 
 Each "x compile" ratio divides by torch.compile of the same run as the row (the run's own for
 its rows, the anchors run's for an anchor row), never across runs. A row is a measurement only
@@ -271,12 +272,16 @@ def offloads(strategy: str) -> bool:
     return strategy.startswith("remat") and "offload" in strategy
 
 
-def offload_rows(model: str, folder: pathlib.Path = RESULTS, runs: tuple[str, ...] | None = None) -> list[list]:
-    """``model``'s measured offload strategies in ``runs`` (default ``OFFLOAD_RUNS``), the newest
-    of each strategy (by its run's date, then the file's name): [strategy, peak MiB, step ms, date]."""
+def offload_runs(folder: pathlib.Path = RESULTS) -> list[tuple[str, dict]]:
+    """The runs of ``OFFLOAD_RUNS`` in ``folder``, each (file name, its JSON), read once for every plot."""
+    return [(name, _load(folder / name)) for name in OFFLOAD_RUNS]
+
+
+def offload_rows(model: str, runs: list[tuple[str, dict]]) -> list[list]:
+    """``model``'s measured offload strategies in ``runs`` (``offload_runs``), the newest of each
+    strategy (by its run's date, then the file's name): [strategy, peak MiB, step ms, date]."""
     newest: dict[str, tuple[tuple[str, str], list]] = {}
-    for name in OFFLOAD_RUNS if runs is None else runs:
-        doc = _load(folder / name)
+    for name, doc in runs:
         for r in doc.get("models", {}).get(model, {}).get("rows", []):
             if offloads(r["strategy"]) and measured(r) and r.get("peak_mib"):
                 key = (doc["date"], name)
@@ -374,9 +379,9 @@ def figures(folder: pathlib.Path = RESULTS) -> list[Figure]:
     run = _load(newest_run(folder))
     apath = anchors_path(run, folder)
     items = entries(run, _load(apath) if apath.exists() else None)
-    out = []
+    out, offloaded = [], offload_runs(folder)
     for model in MODELS:
-        data = points(items, model, offload_rows(model, folder))
+        data = points(items, model, offload_rows(model, offloaded))
         batch = "x".join(map(str, run["models"][model].get("info", {}).get("batch", [])))
         title = f"{NAMES[model]}, batch {batch}\n{run['device']}, torch {run['torch']}, {run['date']}"
         path = folder / FIGURE.format(model=model)

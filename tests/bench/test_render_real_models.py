@@ -133,12 +133,13 @@ def test_plans_with_offload_are_their_own_line_newest_of_each_strategy(tmp_path,
     assert rrm.newest_run(tmp_path).name == "real-models-h200-a.json"
     gpt2, vit = rrm.figures(tmp_path)[0], rrm.figures(tmp_path)[2]
     items = rrm.entries(rrm._load(tmp_path / "real-models-h200-a.json"), None)
-    drawn = rrm.points(items, "gpt2", rrm.offload_rows("gpt2", tmp_path))
+    drawn = rrm.points(items, "gpt2", rrm.offload_rows("gpt2", rrm.offload_runs(tmp_path)))
     assert [p[0] for p in drawn["remat"]] == ["remat b0.5", "remat"]  # by peak; no offload plan on this line
     assert drawn["offload"] == [["remat offload all", 70.0, 30.0, "2030-02-01 00:00 UTC"],
                                 ["remat @0.8 ckpt +offload", 88.0, 14.0, "2030-03-01 00:00 UTC"]]
-    assert [p[0] for p in rrm.points(items, "vit", rrm.offload_rows("vit", tmp_path))["offload"]] == [
-        "remat offload all", "remat @0.8 ckpt +offload"]
+    vit_rows = rrm.offload_rows("vit", rrm.offload_runs(tmp_path))
+    assert [p[0] for p in rrm.points(items, "vit", vit_rows)["offload"]] == ["remat offload all",
+                                                                           "remat @0.8 ckpt +offload"]
     gpt2.write()
     assert rrm.png_comment(gpt2.path) == gpt2.digest
     monkeypatch.setattr(rrm, "OFFLOAD_RUNS", ("real-models-h200-off1.json",))
