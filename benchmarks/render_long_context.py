@@ -25,7 +25,9 @@ from benchmarks.render_real_models import RESULTS, Figure, plot_digest, shown  #
 HERE = pathlib.Path(__file__).resolve().parent
 RUN_GLOB = "long-context-*.json"
 TARGET = ("compile+ckpt", ("remat", "remat @cap"))
-"""The issue's target: remat reaches at least compile+ckpt's length at no lower tokens/s."""
+"""Issue 28's target: each remat strategy against compile+ckpt (``target_line``)."""
+LENGTH_FACTOR = 1.5
+"""Issue 28's target: the longest context at least this times compile+ckpt's."""
 COMMAND = "python benchmarks/long_context.py --cap-gib 20 --time-limit 510 --tag long-context-h200 --out out/"
 
 
@@ -106,14 +108,18 @@ def table(doc: dict) -> list[str]:
 
 
 def target_line(doc: dict) -> str:
-    """Each remat strategy against compile+ckpt: length, and tokens/s at compile+ckpt's length."""
+    """Each remat strategy against compile+ckpt, as issue 28 states the target: the longest length
+    at least ``LENGTH_FACTOR`` x compile+ckpt's, at tokens/s (at that longest length) no lower than
+    compile+ckpt's at its own longest; and, where both trained at compile+ckpt's length, the two
+    speeds there."""
     base_name, names = TARGET
+    goal = f"at least {LENGTH_FACTOR}x {base_name}'s length, at no lower tokens/s than {base_name}'s at its own longest"
     base = doc["strategies"].get(base_name)
     if not base or not base.get("longest"):
-        return f"The target (remat reaches {base_name}'s length at no lower tokens/s) needs {base_name} measured."
+        return f"The target ({goal}) needs {base_name} measured."
     if not base.get("complete"):
-        return (f"The target (remat reaches {base_name}'s length at no lower tokens/s) is not settled: "
-                f"{base_name}'s search did not finish; " + _same_length(doc, base_name, base, names))
+        return (f"The target ({goal}) is not settled: {base_name}'s search did not finish; "
+                + _same_length(doc, base_name, base, names))
     n0 = base["longest"]
     b = _probe_at(base, n0)
     out = []
@@ -122,20 +128,22 @@ def target_line(doc: dict) -> str:
         if not res or not res.get("probes"):
             continue
         n = res.get("longest", 0)
-        mine = _probe_at(res, n0)
-        if mine and b and b.get("tokens_per_s"):
-            speed = mine["tokens_per_s"] / b["tokens_per_s"]
-            met = n >= n0 and speed >= 1.0
-            out.append(f"{name}: {n} against {n0} tokens ({n / n0:.2f}x), at {n0} tokens "
-                       f"{mine['tokens_per_s']:.0f} against {b['tokens_per_s']:.0f} tokens/s ({speed:.3f}x): "
-                       f"**{'met' if met else 'not met'}**")
-        else:
-            why = "did not train" if n < n0 else "was not probed"
-            out.append(f"{name}: {n} against {n0} tokens ({n / n0:.2f}x); it {why} at {n0} tokens, so "
-                       f"its speed there is unknown: **{'not met' if n < n0 else 'length met, speed not compared'}**")
+        longest = _probe_at(res, n)
+        if not (b and b.get("tokens_per_s")) or not (longest and longest.get("tokens_per_s")):
+            out.append(f"{name}: {n} against {n0} tokens ({n / n0:.2f}x), tokens/s not measured: **not met**")
+            continue
+        speed = longest["tokens_per_s"] / b["tokens_per_s"]
+        met = n >= LENGTH_FACTOR * n0 and speed >= 1.0
+        text = (f"{name}: {n} against {n0} tokens ({n / n0:.2f}x), {longest['tokens_per_s']:.0f} tokens/s at {n} "
+                f"against {b['tokens_per_s']:.0f} at {n0} ({speed:.3f}x)")
+        same = _probe_at(res, n0) if n != n0 else None
+        if same and same.get("tokens_per_s"):
+            text += (f"; at {n0} tokens {same['tokens_per_s']:.0f} against {b['tokens_per_s']:.0f} "
+                     f"({same['tokens_per_s'] / b['tokens_per_s']:.3f}x)")
+        out.append(text + f": **{'met' if met else 'not met'}**")
     if not out:
         return f"No remat strategy was measured beside {base_name}."
-    return f"Against {base_name} (at least its length, at no lower tokens/s at its length): " + "; ".join(out) + "."
+    return f"Against {base_name} ({goal}): " + "; ".join(out) + "."
 
 
 def _same_length(doc: dict, base_name: str, base: dict, names: tuple[str, ...]) -> str:

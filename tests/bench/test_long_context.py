@@ -194,3 +194,22 @@ def test_a_run_can_reuse_an_earlier_runs_strategies_and_start_late(tmp_path):
     (out / "other.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="differs from this one in cap_bytes"):
         lc.main(common + ["--strategies", "eager", "--reuse", str(out / "other.json"), "--tag", "third"])
+
+
+def test_target_line_compares_the_longest_lengths_as_issue_28_states_it():
+    """Length at least 1.5x compile+ckpt's, and tokens/s at remat's longest length against
+    compile+ckpt's at its own longest (not at compile+ckpt's length)."""
+    base = {"status": "ok", "longest": 58 * G, "complete": True,
+            "probes": [{"seq": 58 * G, "fits": True, "tokens_per_s": 18000.0}]}
+
+    def doc(n, tps, also=None):
+        probes = [{"seq": n, "fits": True, "tokens_per_s": tps}] + ([also] if also else [])
+        return {"max_seq": TOP, "strategies": {"compile+ckpt": base,
+                                               "remat @cap": {"status": "ok", "longest": n, "probes": probes}}}
+
+    slow = rlc.target_line(doc(88 * G, 15000.0))
+    assert "1.52x" in slow and "15000 tokens/s at 90112 against 18000 at 59392 (0.833x)" in slow
+    assert slow.endswith("**not met**.")
+    assert rlc.target_line(doc(88 * G, 19000.0)).endswith("**met**.")
+    short = rlc.target_line(doc(80 * G, 40000.0, {"seq": 58 * G, "fits": True, "tokens_per_s": 36000.0}))
+    assert "at 59392 tokens 36000 against 18000 (2.000x)" in short and short.endswith("**not met**.")
