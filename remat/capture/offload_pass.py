@@ -21,6 +21,17 @@ autograd between the halves and dropped with the other saved values at the end o
 Where the device is the host (CPU), both copies are plain copies: the plumbing runs and computes
 the same gradients, and saves no memory.
 
+The host copy has the strides the graph gives the value (``to_host``'s ``stride``), not those of
+the buffer Inductor hands it: on a GPU Inductor pads a row whose stride is not a multiple of 128
+bytes (``config.comprehensive_padding``), and a host copy with the padded strides had to be copied
+again to the graph's strides before the forward returned it (``config.keep_output_stride``), on the
+host, into pageable memory, while the copy to it was still in flight. (Measured on an H100: 22 of
+126 copies back of HF Llama at 88,064 tokens came from pageable memory; reproduced on the CPU with
+padding on, tests/capture/test_offload_inductor.py.) The copy out then reads a padded buffer into
+a dense host tensor (torch stages it through a dense device buffer on the side stream, briefly).
+``to_device`` refuses a host tensor that is not pinned: on CUDA that can only be such a copy, and
+training on it could read a half-written copy.
+
 The three are operators of the ``remat`` library (``torch.library``), with fake
 implementations, so that Inductor compiles the partitioned graphs with them: each is a fallback
 kernel that stays where the graph puts it, ``to_host`` and ``to_device`` allocate their results
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.fx as fx
@@ -63,14 +75,17 @@ def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.S
 
 
 @torch.library.custom_op("remat::to_host", mutates_args=())
-def _to_host(x: torch.Tensor, held: bool = False) -> torch.Tensor:
-    """``x`` copied to host memory (Note [Offload copies]). ``held``: the graph keeps ``x`` until a
-    ``ready`` of the result (the compiled forward); otherwise the allocator holds its block for
-    the copy (``Tensor.record_stream``)."""
+def _to_host(x: torch.Tensor, held: bool = False,
+             stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045 (typing.Optional: the form every torch>=2.11 infers a schema from)
+    """``x`` copied to host memory, with ``stride`` (the graph's strides of the value; ``x``'s when
+    not given) (Note [Offload copies]). ``held``: the graph keeps ``x`` until a ``ready`` of the
+    result (the compiled forward); otherwise the allocator holds its block for the copy
+    (``Tensor.record_stream``)."""
+    stride = x.stride() if stride is None else stride
     if x.device.type != "cuda":
-        return x.clone()
+        return torch.empty_strided(x.size(), stride, dtype=x.dtype, device=x.device).copy_(x)
     d2h, _ = _side_streams(x.device)
-    host = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="cpu", pin_memory=True)
+    host = torch.empty_strided(x.size(), stride, dtype=x.dtype, device="cpu", pin_memory=True)
     d2h.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(d2h):
         host.copy_(x, non_blocking=True)
@@ -82,15 +97,21 @@ def _to_host(x: torch.Tensor, held: bool = False) -> torch.Tensor:
 
 
 @_to_host.register_fake
-def _(x: torch.Tensor, held: bool = False) -> torch.Tensor:
-    return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="cpu")
+def _(x: torch.Tensor, held: bool = False, stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045
+    return torch.empty_strided(x.size(), x.stride() if stride is None else stride, dtype=x.dtype, device="cpu")
 
 
 @torch.library.custom_op("remat::to_device", mutates_args=())
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` copied back to ``device``, the copy issued on a side stream (Note [Offload copies])."""
     if device.type != "cuda":
-        return host.clone()
+        return torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device).copy_(host)
+    if not host.is_pinned():
+        raise RuntimeError(
+            "remat: internal error: an offloaded value came back from pageable host memory, so it was copied "
+            "on the host after its copy from the device was issued (perhaps before that copy finished); the "
+            "gradients could be wrong, so the step stops here (Note [Offload copies]). Train without offload "
+            "(offload=False) and please report this with your torch version")
     d2h, h2d = _side_streams(device)
     compute = torch.cuda.current_stream(device)
     out = torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device)
@@ -169,8 +190,9 @@ def insert_offload(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int,
         device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
         last = max((u for u in value.users if u is not out), key=fw_order.__getitem__, default=value)
         held = bool(move.released_after)
+        stride = list(val.stride()) if isinstance(val, torch.Tensor) else None
         with fw.graph.inserting_after(last):
-            host = _with_val(fw.graph.call_function(to_host, (value, True) if held else (value,)), value, "cpu")
+            host = _with_val(fw.graph.call_function(to_host, (value, held, stride)), value, "cpu")
         returned = host
         if held:
             anchor = fw_nodes.get(move.released_after)

@@ -60,7 +60,7 @@ def _check_forward(lines: list[str]) -> int:
     """Each copy out: nothing but its ``ready`` reads the value after it, no buffer takes the
     value's before that ``ready``, and the value is freed (or reused) right after it. Returns the count."""
     copies = [(k, m) for k, ln in enumerate(lines)
-              if (m := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\((\w+), True\)", ln))]
+              if (m := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\((\w+), True, \[[\d, ]+\]\)", ln))]
     for k, m in copies:
         host, value = _aliases(lines, m.group(1)), m.group(2)
         later = [ln for ln in lines[k + 1:] if _refs(ln, value)]
@@ -118,6 +118,48 @@ def test_gradients_equal_eagers_and_the_copies_stay_where_the_pass_put_them():
         p.grad = None
     _step(m, x)
     torch.testing.assert_close(next(m.parameters()).grad, next(ref.parameters()).grad)
+
+
+def test_host_copies_have_the_graphs_strides_where_inductor_pads_rows(monkeypatch):
+    """Note [Offload copies]: with Inductor's padding on (a GPU's default; on the CPU switched on
+    here) a 1100-wide row is padded to 1120 floats; ``to_host`` is given the graph's strides, so
+    the forward returns each host copy as ``to_host`` made it (no copy of it on the host, which
+    on a GPU would race the copy from the device), the device value stays held until its
+    ``ready``, and the gradients equal eager's."""
+    from torch._inductor import config as inductor_config
+
+    if not hasattr(inductor_config, "disable_padding_cpu"):
+        pytest.skip("this torch has no switch for Inductor's padding on the CPU")
+    monkeypatch.setattr(inductor_config, "disable_padding_cpu", False)
+    monkeypatch.setattr(inductor_config, "comprehensive_padding", True)
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(1100, 1100), nn.GELU(), nn.Linear(1100, 1100), nn.GELU(), nn.Linear(1100, 8))
+    x = torch.randn(64, 1100)
+    m = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
+    _, codes = run_and_get_code(_step, m, x)
+    ref = copy.deepcopy(base)
+    _step(ref, x)
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    (plan,) = remat.compiled_plans(m)
+    (fw,) = [c for c in codes if "tangents_1" not in c]
+    lines = _call_lines(fw)
+    assert re.search(r"empty_strided_cpu\(\(64, 1100\), \(1120, 1\)", fw), "Inductor pads (else this shows nothing)"
+    copies = [(k, m_) for k, ln in enumerate(lines)
+              if (m_ := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\((\w+), True(, .*)?\)", ln))]
+    assert len(copies) == len(plan.offloaded) >= 2
+    for k, m_ in copies:  # the buffer copied is held, unwritten, until its ready
+        value = m_.group(2)
+        later = [ln for ln in lines[k + 1:] if _refs(ln, value)]
+        ready = rf"buf\d+ = torch\.ops\.remat\.ready\.default\(\w+, {value}\)"
+        r = [j for j, ln in enumerate(later) if re.fullmatch(ready, ln)]
+        assert r and not any("reuse" in ln or f"del {value}" in ln for ln in later[:r[0]]), later
+    body = fw[fw.index("def call(self, args):"):]
+    returned = body[body.index("return ("):].split("\n")[0]
+    for ln in lines:
+        if r := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.ready\.default\(.*", ln):
+            assert any(_refs(returned, n) for n in _aliases(lines, r.group(1))), "returned as made, not copied"
+    assert not [ln for ln in lines if re.match(r"cpp_fused_\w*(clone|copy)", ln)], "no host copy of a host copy"
 
 
 def test_the_predicted_peak_is_the_compiled_ones():
