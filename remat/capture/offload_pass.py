@@ -25,9 +25,9 @@ The host copy has the strides the graph gives the value (``to_host``'s ``stride`
 the buffer Inductor hands it: on a GPU Inductor pads a row whose stride is not a multiple of 128
 bytes (``config.comprehensive_padding``), and a host copy with the padded strides had to be copied
 again to the graph's strides before the forward returned it (``config.keep_output_stride``), on the
-host, into pageable memory, while the copy to it was still in flight. (Measured on an H100: 22 of
-126 copies back of HF Llama at 88,064 tokens came from pageable memory; reproduced on the CPU with
-padding on, tests/capture/test_offload_inductor.py.) The copy out then reads a padded buffer into
+host, into pageable memory, while the copy to it was still in flight (reproduced on the CPU with
+padding on, tests/capture/test_offload_inductor.py; on an H100, 22 of 126 copies back of HF Llama
+at 88,064 tokens came from pageable memory, which this explains; not yet measured since). The copy out then reads a padded buffer into
 a dense host tensor (torch stages it through a dense device buffer on the side stream, briefly).
 ``to_device`` refuses a host tensor that is not pinned: on CUDA that can only be such a copy, and
 training on it could read a half-written copy.
