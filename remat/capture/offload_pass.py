@@ -27,8 +27,9 @@ bytes (``config.comprehensive_padding``), and a host copy with the padded stride
 again to the graph's strides before the forward returned it (``config.keep_output_stride``), on the
 host, into pageable memory, while the copy to it was still in flight (reproduced on the CPU with
 padding on, tests/capture/test_offload_inductor.py; on an H100, 22 of 126 copies back of HF Llama
-at 88,064 tokens came from pageable memory, which this explains; not yet measured since). The copy out then reads a padded buffer into
-a dense host tensor (torch stages it through a dense device buffer on the side stream, briefly).
+at 88,064 tokens came from pageable memory, which this explains; not yet measured since). The
+copy out then reads a padded buffer into a dense host tensor (torch stages it through a dense
+device buffer on the side stream, briefly).
 ``to_device`` refuses a host tensor that is not pinned: on CUDA that can only be such a copy, and
 training on it could read a half-written copy.
 
@@ -76,7 +77,7 @@ def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.S
 
 @torch.library.custom_op("remat::to_host", mutates_args=())
 def _to_host(x: torch.Tensor, held: bool = False,
-             stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045 (typing.Optional: the form every torch>=2.11 infers a schema from)
+             stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045 (custom_op infers the schema)
     """``x`` copied to host memory, with ``stride`` (the graph's strides of the value; ``x``'s when
     not given) (Note [Offload copies]). ``held``: the graph keeps ``x`` until a ``ready`` of the
     result (the compiled forward); otherwise the allocator holds its block for the copy
