@@ -28,8 +28,12 @@ again to the graph's strides before the forward returned it (``config.keep_outpu
 host, into pageable memory, while the copy to it was still in flight (reproduced on the CPU with
 padding on, tests/capture/test_offload_inductor.py; on an H100, 22 of 126 copies back of HF Llama
 at 88,064 tokens came from pageable memory, which this explains; not yet measured since). The
-copy out then reads a padded buffer into a dense host tensor (torch stages it through a dense
-device buffer on the side stream, briefly).
+same holds wherever Inductor lays a value out otherwise than the graph (a pointwise result of
+transposed inputs, which eager would leave transposed, Inductor may write contiguous). Where the
+two layouts differ, ``to_host`` first copies the value, on the side stream, into a device buffer
+laid out as the host tensor, so the copy out stays one asynchronous memcpy (a copy between two
+layouts would go through pageable memory, synchronously); that buffer, one value's bytes while the
+copy runs, is not in the peak model.
 ``to_device`` refuses a host tensor that is not pinned: on CUDA that can only be such a copy, and
 training on it could read a half-written copy.
 
@@ -75,6 +79,12 @@ def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.S
     return _streams[device]
 
 
+def _same_layout(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether strides ``a`` and ``b`` lay out a tensor of ``size`` alike (a dimension of size 1
+    may have any stride)."""
+    return all(n == 1 or x == y for n, x, y in zip(size, a, b))
+
+
 @torch.library.custom_op("remat::to_host", mutates_args=())
 def _to_host(x: torch.Tensor, held: bool = False,
              stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045 (custom_op infers the schema)
@@ -89,7 +99,11 @@ def _to_host(x: torch.Tensor, held: bool = False,
     host = torch.empty_strided(x.size(), stride, dtype=x.dtype, device="cpu", pin_memory=True)
     d2h.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(d2h):
-        host.copy_(x, non_blocking=True)
+        # a copy between two layouts is no memcpy: torch would stage it through pageable memory,
+        # synchronously; laid out as the host tensor on the device first (on this stream), it is one
+        src = x if _same_layout(x.size(), x.stride(), stride) else torch.empty_strided(
+            x.size(), stride, dtype=x.dtype, device=x.device).copy_(x)
+        host.copy_(src, non_blocking=True)
     if held:
         _copies[host.data_ptr()] = d2h.record_event()
     else:

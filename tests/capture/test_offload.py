@@ -362,3 +362,15 @@ def test_ladders_are_built_only_for_candidates_that_can_win_and_the_choice_is_un
         assert chosen["pruned"] == chosen["all"], budget
     assert built[0] == 0  # the default fits: no ladder
     assert any(k > 0 for k in built[2:])  # below every recompute plan the ladders are there
+
+
+def test_to_host_lays_its_copy_out_with_the_strides_it_is_given():
+    """Note [Offload copies]: the host copy has the graph's strides whatever the buffer's layout
+    (here a contiguous buffer for a value the graph has transposed)."""
+    x = torch.arange(24.0).reshape(4, 6)
+    graph_strides = [1, 4]  # the layout of a (6, 4) tensor transposed
+    host = offload_pass.to_host(x, False, graph_strides)
+    assert host.stride() == (1, 4) and torch.equal(host, x)
+    back = offload_pass.ready(offload_pass.to_device(host, torch.device("cpu")))
+    assert back.stride() == (1, 4) and torch.equal(back, x)
+    assert offload_pass._same_layout((1, 5), (7, 1), (5, 1)) and not offload_pass._same_layout((2, 3), (3, 1), (1, 2))
