@@ -28,8 +28,7 @@ again to the graph's strides before the forward returned it (``config.keep_outpu
 host, into pageable memory, while the copy to it was still in flight (reproduced on the CPU with
 padding on, tests/capture/test_offload_inductor.py; on an H100, 22 of 126 copies back of HF Llama
 at 88,064 tokens came from pageable memory, which this explains; not yet measured since). The
-same holds wherever Inductor lays a value out otherwise than the graph (a pointwise result of
-transposed inputs, which eager would leave transposed, Inductor may write contiguous). Where the
+same holds wherever Inductor lays a value out otherwise than the graph. Where the
 two layouts differ, ``to_host`` first copies the value, on the side stream, into a device buffer
 laid out as the host tensor, so the copy out stays one asynchronous memcpy (a copy between two
 layouts would go through pageable memory, synchronously); that buffer, one value's bytes while the
