@@ -27,14 +27,14 @@ bytes (``config.comprehensive_padding``), and a host copy with the padded stride
 again to the graph's strides before the forward returned it (``config.keep_output_stride``), on the
 host, into pageable memory, while the copy to it was still in flight (reproduced on the CPU with
 padding on, tests/capture/test_offload_inductor.py; on an H100, 22 of 126 copies back of HF Llama
-at 88,064 tokens came from pageable memory, which this explains; not yet measured since). The
-same holds wherever Inductor lays a value out otherwise than the graph. Where the
-two layouts differ, ``to_host`` first copies the value, on the side stream, into a device buffer
-laid out as the host tensor, so the copy out stays one asynchronous memcpy (a copy between two
-layouts would go through pageable memory, synchronously); that buffer, one value's bytes while the
-copy runs, is not in the peak model.
-``to_device`` refuses a host tensor that is not pinned: on CUDA that can only be such a copy, and
-training on it could read a half-written copy.
+at 88,064 tokens came from pageable memory, a shape padding does not touch, so some other layout
+choice; not measured since). The same holds wherever Inductor lays a value out otherwise than the
+graph. Where the two layouts differ, ``to_host`` first copies the value, on the side stream, into
+a device buffer laid out as the host tensor, so the copy out stays one asynchronous memcpy (a copy
+between two layouts would go through pageable memory, synchronously); that buffer, one value's
+bytes while the copy runs, is not in the peak model. ``to_device`` refuses a host tensor that is
+not pinned: on CUDA that can only be such a copy, and training on it could read a half-written
+copy.
 
 The three are operators of the ``remat`` library (``torch.library``), with fake
 implementations, so that Inductor compiles the partitioned graphs with them: each is a fallback
