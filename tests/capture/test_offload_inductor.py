@@ -98,14 +98,21 @@ def _check_backward(lines: list[str], reload_before: dict[str, str]) -> int:
     return len(copies)
 
 
-def test_gradients_equal_eagers_and_the_copies_stay_where_the_pass_put_them():
-    base, x = _mlp(), torch.randn(512, 256)
+def _offloaded_step(base: nn.Module, x: torch.Tensor):
+    """One step of ``base`` under remat with ``offload="all"`` (Inductor), its gradients checked
+    against eager autograd's: the wrapped model, its reference and the code Inductor generated."""
     m = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
     _, codes = run_and_get_code(_step, m, x)
     ref = copy.deepcopy(base)
     _step(ref, x)
     for (k, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=k)
+    return m, ref, codes
+
+
+def test_gradients_equal_eagers_and_the_copies_stay_where_the_pass_put_them():
+    base, x = _mlp(), torch.randn(512, 256)
+    m, ref, codes = _offloaded_step(base, x)
     (plan,) = remat.compiled_plans(m)
     assert [o.name for o in plan.offloaded] == ["tanh", "tanh_1", "tanh_2", "sub"]
     assert all(o.released_after and o.reload_before for o in plan.offloaded)
@@ -135,12 +142,7 @@ def test_host_copies_have_the_graphs_strides_where_inductor_pads_rows(monkeypatc
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(1100, 1100), nn.GELU(), nn.Linear(1100, 1100), nn.GELU(), nn.Linear(1100, 8))
     x = torch.randn(64, 1100)
-    m = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
-    _, codes = run_and_get_code(_step, m, x)
-    ref = copy.deepcopy(base)
-    _step(ref, x)
-    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=k)
+    m, _, codes = _offloaded_step(base, x)
     (plan,) = remat.compiled_plans(m)
     (fw,) = [c for c in codes if "tangents_1" not in c]
     lines = _call_lines(fw)
