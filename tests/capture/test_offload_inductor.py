@@ -127,7 +127,7 @@ def test_gradients_equal_eagers_and_the_copies_stay_where_the_pass_put_them():
     torch.testing.assert_close(next(m.parameters()).grad, next(ref.parameters()).grad)
 
 
-def test_host_copies_have_the_graphs_strides_where_inductor_pads_rows(monkeypatch):
+def test_host_copies_have_the_graphs_strides_where_inductor_pads_rows():
     """Note [Offload copies]: with Inductor's padding on (a GPU's default; on the CPU switched on
     here) a 1100-wide row is padded to 1120 floats; ``to_host`` is given the graph's strides, so
     the forward returns each host copy as ``to_host`` made it (no copy of it on the host, which
@@ -137,12 +137,11 @@ def test_host_copies_have_the_graphs_strides_where_inductor_pads_rows(monkeypatc
 
     if not hasattr(inductor_config, "disable_padding_cpu"):
         pytest.skip("this torch has no switch for Inductor's padding on the CPU")
-    monkeypatch.setattr(inductor_config, "disable_padding_cpu", False)
-    monkeypatch.setattr(inductor_config, "comprehensive_padding", True)
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(1100, 1100), nn.GELU(), nn.Linear(1100, 1100), nn.GELU(), nn.Linear(1100, 8))
     x = torch.randn(64, 1100)
-    m, _, codes = _offloaded_step(base, x)
+    with inductor_config.patch(disable_padding_cpu=False, comprehensive_padding=True):  # not monkeypatch: its undo
+        m, _, codes = _offloaded_step(base, x)  # deletes a config entry on some torch versions
     (plan,) = remat.compiled_plans(m)
     (fw,) = [c for c in codes if "tangents_1" not in c]
     lines = _call_lines(fw)
