@@ -78,6 +78,12 @@ def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.S
     return _streams[device]
 
 
+def _laid_out(x: torch.Tensor, stride: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """A copy of ``x`` on ``device`` with ``stride`` (a ``clone`` keeps neither a given layout nor
+    a padded one)."""
+    return torch.empty_strided(x.size(), stride, dtype=x.dtype, device=device).copy_(x)
+
+
 def _same_layout(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
     """Whether strides ``a`` and ``b`` lay out a tensor of ``size`` alike (a dimension of size 1
     may have any stride)."""
@@ -93,15 +99,14 @@ def _to_host(x: torch.Tensor, held: bool = False,
     (``Tensor.record_stream``)."""
     stride = x.stride() if stride is None else stride
     if x.device.type != "cuda":
-        return torch.empty_strided(x.size(), stride, dtype=x.dtype, device=x.device).copy_(x)
+        return _laid_out(x, stride, x.device)
     d2h, _ = _side_streams(x.device)
     host = torch.empty_strided(x.size(), stride, dtype=x.dtype, device="cpu", pin_memory=True)
     d2h.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(d2h):
         # a copy between two layouts is no memcpy: torch would stage it through pageable memory,
         # synchronously; laid out as the host tensor on the device first (on this stream), it is one
-        src = x if _same_layout(x.size(), x.stride(), stride) else torch.empty_strided(
-            x.size(), stride, dtype=x.dtype, device=x.device).copy_(x)
+        src = x if _same_layout(x.size(), x.stride(), stride) else _laid_out(x, stride, x.device)
         host.copy_(src, non_blocking=True)
     if held:
         _copies[host.data_ptr()] = d2h.record_event()
@@ -119,7 +124,7 @@ def _(x: torch.Tensor, held: bool = False, stride: Optional[list[int]] = None) -
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` copied back to ``device``, the copy issued on a side stream (Note [Offload copies])."""
     if device.type != "cuda":
-        return torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device).copy_(host)
+        return _laid_out(host, host.stride(), device)
     if not host.is_pinned():
         raise RuntimeError(
             "remat: internal error: an offloaded value came back from pageable host memory, so it was copied "

@@ -98,16 +98,21 @@ def _check_backward(lines: list[str], reload_before: dict[str, str]) -> int:
     return len(copies)
 
 
+def _eager_grads_equal(m: nn.Module, base: nn.Module, x: torch.Tensor, where: str = "") -> nn.Module:
+    """Check ``m``'s gradients against eager autograd's on a copy of ``base``; the copy."""
+    ref = copy.deepcopy(base)
+    _step(ref, x)
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=f"{k}{where}")
+    return ref
+
+
 def _offloaded_step(base: nn.Module, x: torch.Tensor):
     """One step of ``base`` under remat with ``offload="all"`` (Inductor), its gradients checked
     against eager autograd's: the wrapped model, its reference and the code Inductor generated."""
     m = remat.checkpoint(copy.deepcopy(base), offload="all", strict=True)
     _, codes = run_and_get_code(_step, m, x)
-    ref = copy.deepcopy(base)
-    _step(ref, x)
-    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=k)
-    return m, ref, codes
+    return m, _eager_grads_equal(m, base, x), codes
 
 
 def test_gradients_equal_eagers_and_the_copies_stay_where_the_pass_put_them():
@@ -241,9 +246,6 @@ def test_offload_with_dynamic_shapes_keeps_gradients_across_sizes():
         for p in m.parameters():
             p.grad = None
         _step(m, x)
-        ref = copy.deepcopy(base)
-        _step(ref, x)
-        for (k, p), q in zip(m.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=f"{k} at batch {n}")
+        _eager_grads_equal(m, base, x, f" at batch {n}")
     (plan,) = remat.compiled_plans(m)
     assert plan.offloaded
