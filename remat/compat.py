@@ -135,6 +135,24 @@ def real_tensors() -> Any:
     return unset_fake_temporarily()
 
 
+def rng_replay_ops() -> tuple[Any, Any] | None:
+    """``(run_and_save_rng_state, run_with_rng_state)``: torch's operators that run an op and
+    return the generator state it started from, and run an op from a given state, restoring the
+    generator after (``versions.HOOKS["rng_replay"]``); None where this torch lacks them (drift
+    warns, and random ops are saved, never recomputed)."""
+    try:
+        from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    except ImportError:
+        drift("rng_replay", "torch._prims.rng_prims.run_and_save_rng_state, run_with_rng_state")
+        return None
+    return run_and_save_rng_state, run_with_rng_state
+
+
+def can_replay_rng() -> bool:
+    """Whether random ops can be recomputed by replaying their generator state (``rng_replay_ops``)."""
+    return rng_replay_ops() is not None
+
+
 def fake_value(target: Any, args: Any, kwargs: Any, like: Any) -> Any:
     """The value ``target(*args, **kwargs)`` has when ``args`` hold the fake tensors of a traced
     graph's ``meta["val"]``, computed in the fake mode ``like`` (one of them) belongs to (a tensor

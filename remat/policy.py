@@ -4,7 +4,9 @@ A rule is a small named predicate over an :class:`OpInfo` (a torch-free descript
 of the joint graph) with a :class:`Decision`. Built-in rules encode what is unsafe or
 unprofitable to recompute; user rules (``remat.save(...)``, ``remat.recompute(...)``, or any
 callable ``OpInfo -> Decision | None``) override the profitable ones. Unsafe ops (random,
-side effects, collectives, data-dependent) are never recomputed, whatever a user rule says.
+side effects, collectives, data-dependent) are never recomputed, whatever a user rule says; a
+random op whose draws can be replayed (``OpFacts.is_replayable``, Note [Replayed random ops] in
+``remat.capture.rng_replay``) is not unsafe, only slow: it is recomputed under a budget.
 
 See Note [Normalization boundary] for the one rule that is about where recompute stops.
 """
@@ -56,6 +58,10 @@ class OpFacts:
 
     is_view: bool = False
     is_random: bool = False
+    is_replayable: bool = False
+    """A random op that runs as a kernel of its own and draws from its device's default
+    generator alone (attention with dropout, ``native_dropout``): recomputed, it replays the
+    generator state it drew from in the forward, saved there (Note [Replayed random ops])."""
     is_mutating: bool = False
     is_collective: bool = False
     is_data_dependent: bool = False
@@ -69,7 +75,7 @@ class OpFacts:
     @property
     def unsafe_to_recompute(self) -> str | None:
         """The reason recomputing this op would change results or side effects, if any."""
-        if self.is_random:
+        if self.is_random and not self.is_replayable:
             return "random op"
         if self.is_mutating:
             return "side effect"
@@ -278,7 +284,7 @@ def _builtin(name: str, decision: Decision, predicate: Predicate, description: s
 BUILTIN_RULES: tuple[Rule, ...] = (
     _builtin("view", MUST_RECOMPUTE, lambda op: op.is_view,
              "a view keeps its base's storage alive; recomputing it from the base is free"),
-    _builtin("random op", MUST_SAVE, lambda op: op.forward and op.is_random,
+    _builtin("random op", MUST_SAVE, lambda op: op.forward and op.is_random and not op.is_replayable,
              "recomputing would draw fresh random numbers and give wrong gradients"),
     _builtin("side effect", MUST_SAVE, lambda op: op.forward and op.is_mutating,
              "mutations and side effects must happen exactly once"),
@@ -289,7 +295,11 @@ BUILTIN_RULES: tuple[Rule, ...] = (
     _builtin("matmul", MUST_SAVE, lambda op: op.forward and op.is_matmul,
              "matmuls and convolutions are compute-bound: recomputing costs real time", cost=True),
     _builtin("attention", MUST_SAVE, lambda op: op.forward and op.is_attention,
-             "attention kernels are compute-bound: recomputing costs real time", cost=True),
+             "attention kernels are compute-bound: recomputing costs real time (with dropout, it replays "
+             "the generator state the forward drew from)", cost=True),
+    _builtin("replayed random op", MUST_SAVE, lambda op: op.forward and op.is_replayable,
+             "recomputing replays the generator state the forward drew from (saved there), so it runs "
+             "again: recomputed only under a budget", cost=True),
     _builtin("reduction", MUST_SAVE, lambda op: op.forward and op.reduction_ratio >= 4,
              "a reduction's output is small and it cannot be fused into its consumers", cost=True),
     _builtin("normalization boundary", MUST_SAVE,

@@ -137,6 +137,16 @@ HOOKS: dict[str, Hook] = {
         "while compiling, which Inductor may treat as not static.",
         "Read in the sources of torch 2.13 and 2.14 (mark_static_address sets the attribute); the second compile "
         "ran on CPU under both backends in tests/capture/test_budget_guard.py."),
+    "rng_replay": Hook(
+        "recomputing a random op (attention with dropout, native_dropout) by replaying the generator state it "
+        "drew from in the forward (Note [Replayed random ops])",
+        ("torch._prims.rng_prims.run_and_save_rng_state", "torch._prims.rng_prims.run_with_rng_state"),
+        ("remat.compat", "remat.analysis.op_facts", "remat.capture.rng_replay"),
+        ("2.11", "2.13", "2.14"), OnDrift.WARN,
+        "Random ops are saved, never recomputed: plans under a budget keep attention with dropout and dropout "
+        "masks on the device.",
+        "The operators torch's own partitioner wraps random ops of checkpointed regions in (its non-graph-safe "
+        "path); Inductor runs both as fallback kernels."),
     "real_tensors": Hook(
         "measuring the host link for offload with real tensors while AOTAutograd's fake mode is active "
         "(the partition function runs inside it)",

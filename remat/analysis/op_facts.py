@@ -22,6 +22,7 @@ from .ops import (
     MUTATING_HOPS,
     RANDOM_OPS,
     REDUCTION_OPS,
+    REPLAYABLE_OPS,
     is_collective,
     op_name,
     packet,
@@ -50,8 +51,11 @@ def op_facts(node: fx.Node, op: str | None = None) -> OpFacts:
     if attention:
         # Attention kernels are tagged as seeded for their optional dropout.
         random = _attention_dropout(node) > 0
+    # Note [Replayed random ops]; where torch cannot replay, random ops are saved (versions.HOOKS["rng_replay"])
+    replayable = random and (attention or pk in REPLAYABLE_OPS) and _default_generator(node) and compat.can_replay_rng()
     reduction = pk in REDUCTION_OPS
-    return OpFacts(is_view=view, is_random=random, is_mutating=mutating, is_collective=collective,
+    return OpFacts(is_view=view, is_random=random, is_replayable=replayable, is_mutating=mutating,
+                   is_collective=collective,
                    is_data_dependent=pk in DATA_DEPENDENT_OPS or op in DATA_DEPENDENT_OPS,
                    is_matmul=pk in MATMUL_OPS, is_attention=attention, is_reduction=reduction,
                    reduction_ratio=_reduction_ratio(node) if reduction else 0.0)
@@ -62,6 +66,11 @@ def _reduction_ratio(node: fx.Node) -> float:
     out_numel = cost.numel(node.meta.get("val"))
     in_numel = cost.numel(ins[0].meta.get("val")) if ins else 0
     return in_numel / max(out_numel, 1)
+
+
+def _default_generator(node: fx.Node) -> bool:
+    """Whether ``node`` draws from its device's default generator (no ``generator`` argument)."""
+    return node.kwargs.get("generator") is None
 
 
 def _attention_dropout(node: fx.Node) -> float:

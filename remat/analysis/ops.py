@@ -12,7 +12,7 @@ import torch.fx as fx
 
 from ..compat import HigherOrderOperator, OpOverload
 
-__all__ = ["MATMUL_OPS", "ATTENTION_OPS", "REDUCTION_OPS", "DATA_DEPENDENT_OPS", "RANDOM_OPS",
+__all__ = ["MATMUL_OPS", "ATTENTION_OPS", "REDUCTION_OPS", "DATA_DEPENDENT_OPS", "RANDOM_OPS", "REPLAYABLE_OPS",
            "COLLECTIVE_NAMESPACES", "MUTATING_HOPS", "CAST_OPS", "op_name", "packet", "is_collective",
            "is_impure", "schema_arg"]
 
@@ -50,6 +50,10 @@ RANDOM_OPS = _aten(
     {"prims.inductor_random", "prims.inductor_seeds", "rngprims.philox_rand",
      "higher_order.run_and_save_rng_state", "higher_order.run_with_rng_state"}
 )
+REPLAYABLE_OPS = _aten("native_dropout")
+"""Random ops besides attention with dropout that run as a kernel of their own where they appear
+(Inductor decomposes ``native_dropout``; the uncompiled backend keeps it whole, Note [Eager RNG
+order]): recomputed, they replay their generator state (Note [Replayed random ops])."""
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d"})
 """Namespaces of collective ops: never recomputed, never merged by CSE."""
 MUTATING_HOPS = frozenset({"higher_order.with_effects", "higher_order.auto_functionalized",

@@ -6,14 +6,18 @@ For eager autograd's schedule, the intermediates of decomposed eager kernels tak
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import TYPE_CHECKING
 
+import torch
 import torch.fx as fx
 
 from ..core.peak import Schedule
+from ..planning.nesting import copy_of
 from . import cost
 from .halves import Halves, is_tangent
-from .op_facts import view_root
+from .op_facts import op_facts, view_root
 from .provenance import decomposed_key
 
 if TYPE_CHECKING:
@@ -46,6 +50,36 @@ def _eager_kernels(nodes: list[fx.Node]) -> tuple[int, ...]:
     kernel: dict[tuple[str, str], int] = {}
     return tuple(kernel.setdefault(k, len(kernel)) if (k := decomposed_key(n)) is not None else -1
                  for n in nodes)
+
+
+def replay_state_bytes(node: fx.Node) -> int:
+    """The bytes of device memory the generator state of ``node`` takes where the backward
+    recomputes it by replaying that state (``Schedule.replay_state``): a CPU generator's state
+    (``torch.get_rng_state``, 5,056 bytes) on a CPU; 0 on CUDA, whose state is a host tensor, and
+    for every op that does not replay."""
+    if node.op != "call_function" or node.target is operator.getitem or not op_facts(node).is_replayable:
+        return 0
+    val = node.meta.get("val")
+    first = val[0] if isinstance(val, (tuple, list)) and val else val
+    if not isinstance(first, torch.Tensor) or first.device.type != "cpu":
+        return 0
+    return _cpu_state_bytes()
+
+
+def _replay_of(nodes: list[fx.Node], ids: dict[fx.Node, int]) -> tuple[int, ...]:
+    """``Schedule.replay_of``: each replayable random op itself, a nested plan's copy of one its
+    original (``remat.planning.nesting.copy_of``), -1 for the rest."""
+    by_name = {n.name: i for n, i in ids.items()}
+    out = []
+    for n in nodes:
+        replays = n.op == "call_function" and n.target is not operator.getitem and op_facts(n).is_replayable
+        out.append(by_name.get(copy_of(n) or n.name, -1) if replays else -1)
+    return tuple(out)
+
+
+@functools.cache
+def _cpu_state_bytes() -> int:
+    return torch.get_rng_state().numel()
 
 
 def _loss_in_graph(tangents: list[fx.Node]) -> bool:
@@ -88,5 +122,7 @@ def step_schedule(gm: fx.GraphModule, h: Halves, backend: Backend | None, eager_
         kernel=_eager_kernels(nodes) if eager_kernels else (),
         caller_keeps_outputs=not (loss_in_graph or ends_at_break),
         workspace=backend.workspace(nodes) if backend is not None else (),
+        replay_state=tuple(replay_state_bytes(n) for n in nodes),
+        replay_of=_replay_of(nodes, ids),
         model=backend.step_model(gm, nodes) if backend is not None else None,
     ), ids

@@ -15,6 +15,7 @@ import copy
 import logging
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch.fx as fx
@@ -29,6 +30,7 @@ from ..plan_data import PlanKey
 from ..planning.choice import FIRST, Attempt
 from ..planning.planner import plan_joint_graph, plan_of_saved
 from .offload_pass import Move, insert_offload
+from .rng_replay import insert_rng_replay
 
 __all__ = ["make_partition_fn", "make_stock_partition_fn", "place_recompute", "STOCK"]
 
@@ -87,6 +89,11 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
             place_recompute(bw, {n.name for n in jg.nodes if n.op == "call_function"})
             insert_offload(fw, bw, num_fwd_outputs, [Move(o.name, o.reload_before, o.released_after)
                                                     for o in plan.offloaded])
+            replayed = insert_rng_replay(fw, bw, num_fwd_outputs)
+            if replayed:
+                plan = replace(plan, notes=(*plan.notes, f"{replayed} random op(s) recomputed by replaying the "
+                                                         "generator state the forward drew from (Note [Replayed "
+                                                         "random ops])"))
             backend.annotate(fw, bw)
         except RematError:
             raise

@@ -70,6 +70,14 @@ class Schedule:
     """The eager kernel each node's op was decomposed from (-1: its own op), for eager
     autograd's schedule: op by op, consecutive nodes of one kernel run as one step, and only its
     results take memory (``remat.analysis.joint_graph``, Note [Eager kernels])."""
+    replay_state: tuple[int, ...] = ()
+    """Bytes of the generator state a random op saves in the forward where the backward
+    recomputes it by replaying that state (Note [Replayed random ops] in
+    ``remat.capture.rng_replay``), in the device's memory (a CPU's); 0 for other nodes. Op by op
+    it lives from the op's forward step to its last recompute."""
+    replay_of: tuple[int, ...] = ()
+    """The node whose generator state each node replays when the backward computes it: itself
+    for a replayable random op, its original for a nested plan's copy of one; -1 otherwise."""
     caller_keeps_outputs: bool = True
     """Whether the caller holds the forward's outputs, and the output gradients it passes in,
     through the backward; False when the graph computes the loss (a scalar output gradient):
@@ -297,6 +305,10 @@ class OpByOp:
 OP_BY_OP = OpByOp()
 
 
+_STATE = 5
+"""The phase of a storage key that is a replayed random op's generator state (``Schedule.replay_state``)."""
+
+
 def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
     """One step per op; every op's output is a tensor (the uncompiled backend)."""
     pre = set(s.graph_input)
@@ -309,13 +321,22 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
     timeline = [(v, 0) for v in fwd] + [(v, 1) for v in sorted(s.tangent)] + [(v, 1) for v in bwd]
     steps, nbytes = [], {}
     boundary, last = len(fwd), None
+    replayed = {s.replay_of[v] for v in bwd if s.replay_of and s.replay_of[v] >= 0 and s.replay_state[s.replay_of[v]]}
     for t, (v, phase) in enumerate(timeline):
         own = bool(s.nbytes[v]) and s.root[v] == v and v not in pre
         if own:
             nbytes[(v, phase)] = s.nbytes[v]
+        allocs, reads = ((v, phase),) if own else (), frozenset(storage(u, phase) for u in s.inputs[v])
+        # a replayed op's generator state: saved by its forward run, read by each recompute
+        scratch = s.workspace[v] if s.workspace else 0
+        if phase == 0 and v in replayed:
+            nbytes[(v, _STATE)] = s.replay_state[v]
+            allocs += ((v, _STATE),)
+        elif phase == 1 and s.replay_of and s.replay_of[v] in replayed:  # the generator's own state, kept meanwhile
+            reads |= {(s.replay_of[v], _STATE)}
+            scratch += s.replay_state[s.replay_of[v]]
         where = "forward" if phase == 0 else "backward"
-        step = Step(f"{where}:{s.names[v] if s.names else v}", ((v, phase),) if own else (),
-                    frozenset(storage(u, phase) for u in s.inputs[v]), s.workspace[v] if s.workspace else 0)
+        step = Step(f"{where}:{s.names[v] if s.names else v}", allocs, reads, scratch)
         kernel = (s.kernel[v], phase) if s.kernel and s.kernel[v] >= 0 else None
         if kernel is not None and kernel == last:  # one eager kernel: one step (Note [Eager kernels])
             prev = steps[-1]

@@ -235,13 +235,20 @@ def _fused_node(op, *args):
     (torch.ops.aten._scaled_dot_product_cudnn_attention.default, (None, None, None, None, True, 0.1, True)),
     (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (None, None, None, 0.1, True)),
 ])
-def test_fused_attention_with_dropout_is_saved_as_random_and_without_it_as_attention(op, args):
+def test_fused_attention_with_dropout_is_random_and_replayed_so_saved_as_attention(op, args):
+    """With dropout, attention is random but replayable (Note [Replayed random ops]): not unsafe,
+    so the attention rule (a cost rule) decides it, with or without dropout; a generator argument
+    would make it unsafe."""
     with_dropout = op_facts(_fused_node(op, *args))
-    assert with_dropout.is_attention and with_dropout.unsafe_to_recompute == "random op"
+    assert with_dropout.is_attention and with_dropout.is_random and with_dropout.is_replayable
+    assert with_dropout.unsafe_to_recompute is None
     without = op_facts(_fused_node(op, *[0.0 if a == 0.1 else a for a in args]))
-    assert without.is_attention and without.unsafe_to_recompute is None
+    assert without.is_attention and not without.is_random and without.unsafe_to_recompute is None
     (rule,) = [r for r in BUILTIN_RULES if r.name == "attention"]
     assert rule.cost  # matmul-like: saved by default, recomputed only when a budget asks
+    fixed = _fused_node(op, *args)
+    fixed.kwargs = {"generator": object()}
+    assert op_facts(fixed).unsafe_to_recompute == "random op"
 
 
 def test_causal_attention_costs_half_the_flops():

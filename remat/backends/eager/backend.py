@@ -171,18 +171,20 @@ def reference_temporary_bytes(node: fx.Node) -> int:
     return math.prod(int(d) for d in shape) * val.element_size()
 
 
-def unread_output_bytes(node: fx.Node) -> int:
-    """Bytes of the outputs of a multi-output op that no ``getitem`` reads: the kernel allocates
-    them and they are freed as soon as the op returns (a recomputed ``max_pool2d_with_indices``
-    whose backward needs only the indices, say). Outputs that alias an input allocate nothing."""
+def multi_output_bytes(node: fx.Node) -> int:
+    """Bytes of the outputs of a multi-output op, all of which exist when its kernel ends. The
+    simulator allocates an output a ``getitem`` reads at that getitem's step, just after the op,
+    and one nothing reads never (a recomputed ``max_pool2d_with_indices`` whose backward needs
+    only the indices, say: freed as soon as the op returns), so the op's own step holds them all
+    as scratch. Counting only the unread ones left a recomputed ``native_dropout``'s mask out of
+    the peak while its kernel ran (Note [Replayed random ops]: 128 KiB under the measured peak
+    of a 512 x 256 dropout). Outputs that alias an input allocate nothing."""
     val = node.meta.get("val")
     if not (node.op == "call_function" and isinstance(val, (tuple, list))
             and isinstance(node.target, compat.OpOverload)):
         return 0
     rets = node.target._schema.returns
-    read = {u.args[1] for u in node.users if u.target is operator.getitem}
-    return sum(nbytes(v) for k, v in enumerate(val)
-               if k not in read and not (k < len(rets) and rets[k].alias_info is not None))
+    return sum(nbytes(v) for k, v in enumerate(val) if not (k < len(rets) and rets[k].alias_info is not None))
 
 
 class EagerBackend(Backend):
@@ -194,9 +196,9 @@ class EagerBackend(Backend):
 
     def workspace(self, nodes: list[fx.Node]) -> tuple[int, ...]:
         """The scratch library kernels (convolution, attention) hold while they run, an op's
-        unread outputs while it runs (``unread_output_bytes``) and the temporaries of prims run
+        outputs while it runs (``multi_output_bytes``) and the temporaries of prims run
         through their Python reference (``reference_temporary_bytes``)."""
-        return tuple(scratch_bytes(n) + unread_output_bytes(n) + reference_temporary_bytes(n) for n in nodes)
+        return tuple(scratch_bytes(n) + multi_output_bytes(n) + reference_temporary_bytes(n) for n in nodes)
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         return None
