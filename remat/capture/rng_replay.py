@@ -73,15 +73,18 @@ def insert_rng_replay(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: i
     """Rewrite ``fw`` and ``bw`` so that every random op ``bw`` recomputes replays the generator
     state its forward run drew from (Note [Replayed random ops]); the number of forward ops
     replayed. Raises ``RuntimeError`` for a random op ``bw`` computes that cannot replay."""
-    recomputed = [n for n in [n for n in bw.graph.nodes if _random(n)] if not _dead(n, bw)]
+    fw_nodes = {n.name: n for n in fw.graph.nodes}
+    # the forward's random ops the backward computes again (a backward op of its own, such as
+    # attention's backward with dropout, draws nothing: it reads the forward's seed and offset)
+    recomputed = [n for n in bw.graph.nodes if _random(n) and (copy_of(n) or n.name) in fw_nodes]
+    recomputed = [n for n in recomputed if not _dead(n, bw)]
     if not recomputed:
         return 0
     ops = compat.rng_replay_ops()
-    fw_nodes = {n.name: n for n in fw.graph.nodes}
     pairs: list[tuple[fx.Node, fx.Node]] = []
     for n in recomputed:
-        source = fw_nodes.get(copy_of(n) or n.name)
-        if ops is None or not op_facts(n).is_replayable or source is None or source.target != n.target:
+        source = fw_nodes[copy_of(n) or n.name]
+        if ops is None or not op_facts(n).is_replayable or source.target != n.target:
             raise RuntimeError(f"remat: internal error, the backward recomputes the random op {n.name!r} "
                                f"({n.target}) and cannot replay the numbers its forward drew; please report")
         pairs.append((source, n))

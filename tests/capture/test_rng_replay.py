@@ -137,8 +137,11 @@ def _halves(copies: int = 0, extra=None):
             r.meta[COPY_OF] = "native_dropout"
         mask = bw.call_function(operator.getitem, (r, 1))
         grad = bw.call_function(torch.ops.aten.mul.Tensor, (grad, mask))
-    if extra is not None:
-        noise = bw.call_function(extra, (saved,))
+    if extra is not None:  # a forward op the backward computes again
+        with fw.inserting_before(fw.find_nodes(op="output")[0]):
+            drawn = fw.create_node("call_function", extra, (xp,), name="drawn")
+        drawn.meta["val"] = x
+        noise = bw.create_node("call_function", extra, (saved,), name="drawn")
         noise.meta["val"] = x
         grad = bw.call_function(torch.ops.aten.mul.Tensor, (grad, noise))
     bw.output((grad,))
@@ -166,13 +169,23 @@ def test_the_rewrite_refuses_a_random_op_it_cannot_replay():
         insert_rng_replay(fw, bw, num_fwd_outputs=1)
 
 
-def test_the_rewrite_erases_a_random_op_the_backward_never_reads():
-    fw, bw, x = _halves()
-    with bw.graph.inserting_before(bw.graph.find_nodes(op="output")[0]):
-        dead = bw.graph.call_function(torch.ops.aten.rand_like.default, (bw.graph.find_nodes(op="placeholder")[0],))
-        dead.meta["val"] = x
+def test_the_rewrite_erases_a_recomputed_random_op_the_backward_never_reads():
+    fw, bw, x = _halves(extra=torch.ops.aten.rand_like.default)
+    drawn = next(n for n in bw.graph.nodes if n.name == "drawn")
+    (product,) = drawn.users
+    product.replace_all_uses_with(product.args[0])
+    bw.graph.erase_node(product)  # nothing reads the redrawn noise now
     assert insert_rng_replay(fw, bw, num_fwd_outputs=1) == 1
     assert not [n for n in bw.graph.nodes if n.target is torch.ops.aten.rand_like.default]
+
+
+def test_a_backward_op_with_dropout_is_not_a_recompute():
+    """Attention's backward with dropout is random by its facts, but draws nothing (it reads the
+    forward's seed and offset) and is no forward op: the rewrite leaves it alone."""
+    fw, bw, x = _halves(extra=torch.ops.aten.rand_like.default)
+    next(n for n in bw.graph.nodes if n.name == "drawn").name = "backward_only"
+    assert insert_rng_replay(fw, bw, num_fwd_outputs=1) == 1
+    assert [n.name for n in bw.graph.nodes if n.target is torch.ops.aten.rand_like.default] == ["backward_only"]
 
 
 @pytest.mark.inductor
