@@ -127,7 +127,61 @@ def to_cuda(gm: fx.GraphModule, inputs: list[Any], mode: Any) -> list[Any]:
         n.args = move(n.args)
         n.kwargs = {k: move(v) for k, v in n.kwargs.items()}
     gm.recompile()
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    class _Prop(FakeTensorProp):
+        def run_node(self, n: fx.Node) -> Any:
+            result = super().run_node(n)
+            if isinstance(result, torch.Tensor) and not isinstance(result, FakeTensor):
+                # flash attention's meta function makes its random state on "meta"
+                result = fake_like(mode, result)
+                n.meta["val"] = result
+            return result
+
     fakes = [fake_like(mode, t) if isinstance(t, torch.Tensor) else t for t in inputs]
     with mode:
-        FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*fakes)
+        _Prop(gm, mode=mode).propagate_dont_convert_inputs(*fakes)
     return fakes
+
+
+def cuda_attention(gm: fx.GraphModule) -> int:
+    """Give the joint graph ``gm``, captured on a CPU, the attention kernels a GPU runs: each
+    ``_scaled_dot_product_flash_attention_for_cpu`` and its backward become CUDA's flash
+    attention forward and backward, which also return and read the sequence bookkeeping and the
+    random state (new ``getitem`` nodes; the rest are constants for dense inputs). A mask (which
+    CUDA's flash kernel does not take) raises. Returns how many forward calls were changed."""
+    import operator
+
+    aten = torch.ops.aten
+    cpu_fw, cpu_bw = aten._scaled_dot_product_flash_attention_for_cpu.default, \
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    extras: dict[fx.Node, list[Any]] = {}
+
+    def arg(n: fx.Node, i: int, name: str, default: Any) -> Any:
+        return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
+
+    for n in list(gm.graph.nodes):
+        if n.target is cpu_fw:
+            if n.kwargs.get("attn_mask") is not None:
+                raise ValueError(f"fake_gpu: {n.name} has a mask; CUDA's flash attention takes none")
+            q, k, v = n.args[:3]
+            n.target = aten._scaled_dot_product_flash_attention.default
+            n.args = (q, k, v, arg(n, 3, "dropout_p", 0.0), arg(n, 4, "is_causal", False), False)
+            n.kwargs = {"scale": n.kwargs.get("scale")}
+            with gm.graph.inserting_after(n):  # the random state; the rest are constants for dense inputs
+                seed, offset = [gm.graph.call_function(operator.getitem, (n, i)) for i in (7, 6)][::-1]
+            # no cumulative sequence lengths (None), the longest sequences are the lengths
+            extras[n] = [None, None, q.meta["val"].shape[-2], k.meta["val"].shape[-2], seed, offset]
+        elif n.target is cpu_bw:
+            if n.kwargs.get("attn_mask") is not None:
+                raise ValueError(f"fake_gpu: {n.name} has a mask; CUDA's flash attention takes none")
+            g, q, k, v, out, lse = n.args[:6]
+            fw = lse.args[0]
+            cum_q, cum_k, max_q, max_k, seed, offset = extras[fw]
+            n.target = aten._scaled_dot_product_flash_attention_backward.default
+            n.args = (g, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, arg(n, 6, "dropout_p", 0.0),
+                      arg(n, 7, "is_causal", False), seed, offset)
+            n.kwargs = {"scale": n.kwargs.get("scale")}
+    gm.graph.lint()
+    gm.recompile()
+    return len(extras)

@@ -13,25 +13,29 @@ joint-graph passes and remat's partition (``make_partition_fn``, the Inductor ba
 forward and backward are lowered by ``compile_fx_inner`` with remat's hooks, as
 ``remat.backends.inductor.hooks.compile_fx`` does. Inductor's joint-graph passes run before the
 graph is moved (their patterns are set up with real tensors on the graph's device), so those
-that act only on a GPU do not: padded matmuls (``pad_mm``, which decides by timing) and the
-rewrite of attention's math into a fused kernel. Attention runs as the math path (HF
-``attn_implementation="eager"``): the attention kernels Dynamo captures on a CPU are CPU
-kernels. Inductor's padded matmuls (``pad_mm``) decide by timing on the GPU and are off here.
+that act only on a GPU do not: padded matmuls (``pad_mm``, which decides by timing on the GPU;
+``--pad-mm force`` pads every misaligned one) and the rewrite of attention's math into a fused
+kernel. Inductor's padded strides (``comprehensive_padding``) apply as on a GPU. The CPU's
+flash attention becomes CUDA's (``fake_gpu.cuda_attention``); a GPU may pick another fused
+kernel (cuDNN's, memory-efficient).
+Models are ``zoo``'s at the benchmark's size in bfloat16 without dropout (on a CPU, attention
+with dropout runs as its math path); ``head`` is an LM head and its loss alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
 import json
 import os
 import pathlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.nn as nn
+import torch._inductor.lowering  # noqa: F401 - imported before a fake mode is entered (a model build
+import torch.nn as nn  # that fails under it could leave it half imported)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -56,62 +60,91 @@ class Head(nn.Module):
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
-def _bf16(make: Callable[[], nn.Module]) -> nn.Module:
-    """``make()`` with bfloat16 parameters (under a fake mode ``Module.to`` cannot swap them)."""
-    old = torch.get_default_dtype()
+def _head() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    model = Head()
+    x, labels = torch.randn(8, 2048, 2048), torch.randint(0, 32000, (8, 2048))
+    return model, lambda m: m(x, labels)
+
+
+def _zoo(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    import zoo
+
+    wl = zoo.build(name, tiny=False, device="cpu", dtype=torch.bfloat16, no_dropout=True)
+    return wl.model, lambda m: wl.loss(m, wl.inputs)
+
+
+def _faked(mode: Any, model: nn.Module, loss: Callable[[nn.Module], torch.Tensor]
+           ) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """A model built with real tensors, its parameters, buffers and the loss's inputs made fake
+    tensors of ``mode``."""
+    for m in model.modules():
+        for k, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[k] = nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+        for k, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[k] = mode.from_tensor(b)
+    cells = [c for c in (loss.__closure__ or ()) if hasattr(c.cell_contents, "inputs")]
+    for c in cells:  # the workload whose inputs the loss reads
+        c.cell_contents.inputs = {k: mode.from_tensor(v) for k, v in c.cell_contents.inputs.items()}
+    return model, loss
+
+
+def build(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """Model ``name`` in bfloat16 (called under a fake mode, where ``Module.to`` cannot swap
+    parameters: they are made in bfloat16 and a conversion to it is skipped) and its loss."""
+    old, real_to = torch.get_default_dtype(), nn.Module.to
+
+    def to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        dtype = kwargs.get("dtype") or next((a for a in args if isinstance(a, torch.dtype)), None)
+        if dtype is not None and all(p.dtype == dtype for p in self.parameters()):
+            return self
+        return real_to(self, *args, **kwargs)
+
     torch.set_default_dtype(torch.bfloat16)
+    nn.Module.to = to
     try:
-        return make()
+        return _head() if name == "head" else _zoo(name)
     finally:
         torch.set_default_dtype(old)
+        nn.Module.to = real_to
 
 
-def _head() -> tuple[nn.Module, Callable[[], tuple]]:
-    return _bf16(Head), lambda: (torch.randn(8, 2048, 2048, dtype=torch.bfloat16),
-                                                torch.randint(0, 32000, (8, 2048)))
+@contextlib.contextmanager
+def _padded_matmuls(on: bool) -> Iterator[None]:
+    """With ``on``, Inductor's ``pad_mm`` pass pads every matmul whose sizes are not multiples of
+    the alignment, on this CPU graph as on a GPU; a GPU pads only where its timing says padding
+    is faster, so this is the most padding it may do."""
+    if not on:
+        yield
+        return
+    from torch._inductor import config as inductor_config
+    from torch._inductor.fx_passes import pad_mm
+
+    saved = pad_mm.check_device, pad_mm.has_triton
+    pad_mm.check_device, pad_mm.has_triton = (lambda a, b: True), (lambda: True)
+    try:
+        with inductor_config.patch(shape_padding=True, force_shape_pad=True):
+            yield
+    finally:
+        pad_mm.check_device, pad_mm.has_triton = saved
 
 
-def _hf(name: str) -> tuple[nn.Module, Callable[[], tuple]]:
-    import transformers as tf
-
-    if name == "gpt2":
-        cfg = tf.GPT2Config(n_layer=int(os.environ.get("LAYERS", 4)), n_positions=1024, attn_implementation="eager")
-        model, vocab, batch, seq = _bf16(lambda: tf.GPT2LMHeadModel(cfg)), cfg.vocab_size, 8, 1024
-    else:
-        layers = int(os.environ.get("LAYERS", 4))
-        cfg = tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-                             num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
-                             max_position_embeddings=2048, attn_implementation="eager")
-        model, vocab, batch, seq = _bf16(lambda: tf.LlamaForCausalLM(cfg)), cfg.vocab_size, 8, 2048
-    model.config.use_cache = False
-
-    def inputs() -> tuple:
-        ids = torch.randint(0, vocab, (batch, seq))
-        return (ids, ids)
-
-    return model, inputs
-
-
-MODELS: dict[str, Callable[[], tuple[nn.Module, Callable[[], tuple]]]] = {
-    "head": _head, "gpt2": lambda: _hf("gpt2"), "llama": lambda: _hf("llama")}
-
-
-def _loss(model: nn.Module, args: tuple) -> torch.Tensor:
-    if isinstance(model, Head):
-        return model(*args)
-    return model(input_ids=args[0], labels=args[1]).loss
-
-
-def capture(name: str) -> list[dict[str, Any]]:
+def capture(name: str, pad_mm: bool = False) -> list[dict[str, Any]]:
     """The joint graphs of one training step of model ``name`` on fake CPU tensors, each with
-    what AOTAutograd hands its partitioner."""
+    what AOTAutograd hands its partitioner; ``pad_mm``: every misaligned matmul padded
+    (``_padded_matmuls``)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from remat import compat
     from remat.analysis.provenance import clean_module_paths
+    from remat.capture.attention import rewrite_attention
+    from remat.capture.graph_copy import copy_graph
 
     joints: list[dict[str, Any]] = []
+
+    ends_at_break = [False]
 
     def partition(joint: Any, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **kw: Any) -> Any:
@@ -119,9 +152,10 @@ def capture(name: str) -> list[dict[str, Any]]:
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
         from torch._inductor.virtualized import V
 
-        with V.set_fake_mode(detect_fake_mode(joint_inputs)):  # where compile_fx runs them; on the CPU
-            joint_graph_passes(joint)
-        joints.append({"joint": copy.deepcopy(joint), "inputs": joint_inputs, "num_fwd_outputs": num_fwd_outputs,
+        with V.set_fake_mode(detect_fake_mode(joint_inputs)), _padded_matmuls(pad_mm):  # where compile_fx runs
+            joint_graph_passes(joint)  # them, on the CPU
+        joints.append({"joint": copy_graph(joint) or joint, "inputs": joint_inputs, "num_fwd_outputs": num_fwd_outputs,
+                       "ends_at_break": ends_at_break[0],
                        "static": list(static_lifetime_input_indices or [])})
         return compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                         static_lifetime_input_indices=static_lifetime_input_indices)
@@ -133,16 +167,20 @@ def capture(name: str) -> list[dict[str, Any]]:
 
     def backend(gm: Any, example_inputs: list[Any]) -> Any:
         clean_module_paths(gm)
+        rewrite_attention(gm)  # as remat's Dynamo backend does (Note [Attention as eager runs it])
+        ends_at_break[0] = compat.graph_break(gm) is not None
         return aot(gm, example_inputs)
 
     torch._dynamo.reset()
     mode = FakeTensorMode()
+    try:
+        with mode:
+            model, loss = build(name)
+    except Exception:  # noqa: BLE001 - an initialisation that reads values (timm): built for real
+        model, loss = _faked(mode, *build(name))
+    compiled = torch.compile(model, backend=backend)
     with mode:
-        model, make = MODELS[name]()
-        args = make()
-    step = torch.compile(lambda *a: _loss(model, a), backend=backend)
-    with mode:
-        step(*args)
+        loss(compiled)
     return joints
 
 
@@ -157,7 +195,7 @@ def lower(g: Any, is_backward: bool) -> Any:
     traces: list[Any] = []
     inputs = [n.meta["val"] for n in g.graph.find_nodes(op="placeholder")]
     with stage_local_fusion(), copies_in_place(g), read_allocations(traces.append), \
-            inductor_config.patch(emulate_precision_casts=True):
+            inductor_config.patch(emulate_precision_casts=True, **PATCHES):
         compile_fx_inner(g, inputs, is_backward=is_backward, is_inference=False)
     return traces[-1]
 
@@ -174,24 +212,28 @@ def plan_and_read(j: dict[str, Any], budget: float | None) -> dict[str, Any]:
     from remat.options import Options
 
     plans: list[Any] = []
-    joint = copy_graph(j["joint"]) or copy.deepcopy(j["joint"])
+    joint = copy_graph(j["joint"]) or j["joint"]
     partition = make_partition_fn(Options(backend="inductor", budget=budget, strict=True),
-                                  lambda p, f: plans.append(p), InductorBackend(), backend_for("eager"))
+                                  lambda p, f: plans.append(p), InductorBackend(), backend_for("eager"),
+                                  ends_at_break=j["ends_at_break"])
     fw, bw = partition(joint, j["cuda_inputs"], num_fwd_outputs=j["num_fwd_outputs"],
                        static_lifetime_input_indices=j["static"])
     fw_trace, bw_trace = lower(fw, False), lower(bw, True)
     outs, _, _ = graph_io_names(fw)
     _, bw_inputs, scalars = graph_io_names(bw)
     reading = inductor_backend.read_step(fw_trace, bw_trace, outs, bw_inputs, scalars)
-    peak = reading.peak(reading.loss_in_graph)
+    # the caller keeps only the loss where this graph computes it or hands its outputs on at a
+    # graph break (Note [What the caller holds]); a loss computed outside every graph keeps them
+    dropped = reading.loss_in_graph or j["ends_at_break"]
+    peak = reading.peak(dropped)
     plan = plans[-1]
     if RECORDER is not None:
         want = plan.simulated_peak_bytes
-        sims = [x for x in RECORDER.sims if x[2].peak_bytes == want]
+        sims = sorted(RECORDER.sims, key=lambda x: abs(x[2].peak_bytes - want))[:1]  # the plan's, or nearest
         lines = [f"=== {budget}: simulated {want / MiB:.3f} MiB, read {peak.peak_bytes / MiB:.3f} MiB"]
         if sims:
             lines += peak_diff.simulated_report(*sims[-1], 30)
-        lines += peak_diff.read_report(RECORDER, len(RECORDER.reads) - 1, reading.loss_in_graph, 30)
+        lines += peak_diff.read_report(RECORDER, len(RECORDER.reads) - 1, dropped, 30)
         DIFFS.append("\n".join(lines))
         RECORDER.sims.clear()
     return {"budget": budget, "simulated": plan.simulated_peak_bytes, "read": peak.peak_bytes,
@@ -199,21 +241,25 @@ def plan_and_read(j: dict[str, Any], budget: float | None) -> dict[str, Any]:
             "error": (plan.simulated_peak_bytes - peak.peak_bytes) / peak.peak_bytes if peak.peak_bytes else None}
 
 
+PATCHES: dict[str, Any] = {}
+"""Inductor config changes for the lowering (a probe: ``REORDER=0`` turns off reorder_for_peak_memory)."""
+if os.environ.get("REORDER") == "0":
+    PATCHES["reorder_for_peak_memory"] = False
 RECORDER: Any = None
 """With ``--diff``: ``peak_diff.Recorder``, the simulator's and the reader's records."""
 DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
 
 
-def run(name: str, budgets: list[float | None]) -> list[dict[str, Any]]:
-    from torch._inductor import config as inductor_config
+def run(name: str, budgets: list[float | None], pad_mm: bool = False) -> list[dict[str, Any]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     rows = []
-    for k, j in enumerate(capture(name)):
+    for k, j in enumerate(capture(name, pad_mm)):
         mode = FakeTensorMode()
         flat, spec = torch.utils._pytree.tree_flatten(j["inputs"])
-        with fake_gpu.patched(), inductor_config.patch(shape_padding=False):
+        with fake_gpu.patched():
+            fake_gpu.cuda_attention(j["joint"])
             fakes = fake_gpu.to_cuda(j["joint"], flat, mode)
             j["cuda_inputs"] = torch.utils._pytree.tree_unflatten(fakes, spec)
             for b in budgets:
@@ -225,7 +271,7 @@ def run(name: str, budgets: list[float | None]) -> list[dict[str, Any]]:
                         import traceback
                         traceback.print_exc()
                     row = {"budget": b, "failed": f"{type(e).__name__}: {str(e)[:200]}"}
-                row.update(model=name, graph=k + 1)
+                row.update(model=name, graph=k + 1, pad_mm=pad_mm)
                 rows.append(row)
                 print(_line(row), flush=True)
     return rows
@@ -241,9 +287,11 @@ def _line(r: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["head", "gpt2", "llama"], choices=sorted(MODELS))
+    ap.add_argument("--models", nargs="+", default=["head", "gpt2", "llama"], help="head, or zoo.SUITE's names")
     ap.add_argument("--budgets", nargs="+", default=["none", "0.5"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pad-mm", default="off", choices=["off", "force"],
+                    help="force: every misaligned matmul padded, as a GPU may (default: none)")
     ap.add_argument("--diff", action="store_true", help="write peak_diff's live sets of each row to --out")
     a = ap.parse_args()
     global RECORDER
@@ -251,12 +299,12 @@ def main() -> None:
         RECORDER = peak_diff.Recorder()
         RECORDER.install()
     budgets = [None if b == "none" else float(b) for b in a.budgets]
-    rows = [r for m in a.models for r in run(m, budgets)]
+    rows = [r for m in a.models for r in run(m, budgets, a.pad_mm == "force")]
     if a.out:
         out = pathlib.Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"torch": torch.__version__, "device": "fake H100 (fake_gpu.py)",
-                "layers": os.environ.get("LAYERS", "4")}
+        meta = {"torch": torch.__version__, "device": "fake H100 (fake_gpu.py)", "dtype": "bfloat16",
+                "command": "python benchmarks/gpu_offline.py " + " ".join(sys.argv[1:])}
         (out / "gpu-offline.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
         if DIFFS:
             (out / "gpu-offline-diff.txt").write_text("\n\n".join(DIFFS) + "\n")

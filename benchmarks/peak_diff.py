@@ -84,7 +84,8 @@ def simulated_timeline(s: peak.Schedule, saved: set[int]) -> tuple[list, int, di
     keep = s.caller_keeps_outputs
     pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
     pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
-    pin_boundary = {storage(v, 0) for v in (*saved, *(() if keep else s.fwd_outputs))}
+    pin_boundary = {storage(v, 0) for v in saved}
+    pin_forward = set() if keep else {storage(v, 0) for v in s.fwd_outputs} - pin_boundary
     last: dict = {}
     for t, st in enumerate(steps):
         for k in st.reads:
@@ -93,6 +94,8 @@ def simulated_timeline(s: peak.Schedule, saved: set[int]) -> tuple[list, int, di
         last[k] = len(steps)
     for k in pin_boundary:
         last[k] = max(last.get(k, 0), boundary)
+    for k in pin_forward:
+        last[k] = max(last.get(k, 0), boundary - 1)
     born = {k: t for t, st in enumerate(steps) for k in st.allocs}
     free = {k: max(last.get(k, t), t) for k, t in born.items()}
     return steps, boundary, nbytes, born, free

@@ -48,6 +48,8 @@ BUDGET_RUNS = (H200 + "real-models-h200-vit-budgets.json", H200 + "real-models-h
                H200 + "budgets-measured-vision.json")
 BUDGET_DEFAULT = H200 + "real-models-h200-s7.json"  # the default plans' run of the real-model section
 MIB = 1 << 20
+FAKE_GPU = "results/fake-h100-torch2.14.1/"
+GPU_OFFLINE = (FAKE_GPU + "gpu-offline-suite.json", FAKE_GPU + "gpu-offline-gpt2-pad-mm.json")
 
 
 def _load(name: str) -> dict:
@@ -340,6 +342,29 @@ def real_model_budgets() -> str:
     return "\n".join(lines)
 
 
+def gpu_offline() -> str:
+    """remat's simulated peak against the peak read from Inductor's CUDA memory plan, generated on
+    a CPU (``gpu_offline.py``)."""
+    lines = _header(["model", "matmuls padded", "graph", "budget", "simulated MiB", "read MiB", "error"])
+    meta = {}
+    for name in GPU_OFFLINE:
+        doc = _load(name)
+        meta = doc["meta"]
+        for r in doc["rows"]:
+            pad = "all misaligned" if r.get("pad_mm") else "none"
+            if "failed" in r:
+                lines.append(f"| {r['model']} | {pad} | {r['graph']} | {_budget(r['budget'])} | "
+                             f"{_infeasible(r['failed'])} | | |")
+                continue
+            lines.append(f"| {r['model']} | {pad} | {r['graph']} | {_budget(r['budget'])} | "
+                         f"{r['simulated'] / MIB:.1f} | {r['read'] / MIB:.1f} | {100 * r['error']:+.1f}% |")
+    files = ", ".join(f"`{_file(n)}`" for n in GPU_OFFLINE)
+    torch_version = meta.get("torch", "?").split("+")[0]
+    return "\n".join(lines + ["", f"(Generated on this CPU for a {meta.get('device', '?')}, torch {torch_version}, "
+                                   "bfloat16, no dropout; each graph planned alone, its budget a fraction of its "
+                                   f"own eager peak; `benchmarks/{FAKE_GPU}`: {files}.)"])
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "results": results, "peak-check": peak_check, "first-step": first_step,
     "peak-check-deep": peak_check_deep,
@@ -348,6 +373,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
     "long-context": render_long_context.section, "real-model-budgets": real_model_budgets,
     "attention-check": render_attention.section, "measured-plans": render_tuning.section,
+    "gpu-offline": gpu_offline,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 

@@ -402,6 +402,13 @@ HOOKS: dict[str, Hook] = {
          "torch._inductor.codegen.cpp.CppKernelProxy.try_outer_loop_fusion_with_local_buf"),
         (f"{_INDUCTOR}.fusion.allocation",), _BOTH, OnDrift.UNDETECTED,
         "Predicted peaks drift from the compiled ones."),
+    "addmm_fusion": Hook(
+        "a matmul an add reads fused into one addmm, run where the add is (Note [Matmuls fused into the "
+        "add that reads them])",
+        ("torch._inductor.fx_passes.post_grad.addmm", "torch._inductor.fx_passes.post_grad.is_valid_addmm_fusion"),
+        (f"{_INDUCTOR}.lowering", f"{_INDUCTOR}.kernel_model"), ("2.13", "2.14"), OnDrift.UNDETECTED,
+        "Predicted peaks drift from the compiled ones where a matmul's add runs far from it.",
+        "Read in the 2.13 and 2.14.1 sources; seen in 2.14.1's CUDA code generated on a CPU (gpu_offline.py)."),
     "mix_order_reduction": Hook(
         "GPU: a batch reduction fused with a sibling row reduction, and its workspace (Note [Mix-order "
         "workspace])",

@@ -185,10 +185,12 @@ def simulate(s: Schedule, saved: set[int], offload: Offload | None = None) -> Pe
     keep = s.caller_keeps_outputs
     pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
     pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
-    # saved values (and outputs the caller drops) live at least to the boundary; an offloaded
-    # value's storage in the forward's phase is its host copy
-    pin_boundary = {storage(v, 0) for v in (*saved, *(() if keep else s.fwd_outputs))}
-    return _replay(steps, boundary, nbytes, pin_end, pin_boundary)
+    # saved values live at least to the boundary (an offloaded value's storage in the
+    # forward's phase is its host copy); outputs the caller drops live to the forward's end and
+    # are gone before the backward's first step allocates the output gradients
+    pin_boundary = {storage(v, 0) for v in saved}
+    pin_forward = set() if keep else {storage(v, 0) for v in s.fwd_outputs} - pin_boundary
+    return _replay(steps, boundary, nbytes, pin_end, pin_boundary, pin_forward)
 
 
 def _offloaded(steps: list[Step], storage: Callable[[int, int], _Key], offload: Offload, n_fwd: int,
@@ -350,9 +352,10 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
 
 
 def _replay(steps: list[Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
-            pin_boundary: set[_Key]) -> PeakResult:
+            pin_boundary: set[_Key], pin_forward: set[_Key] = frozenset()) -> PeakResult:
     """Live bytes step by step: a storage is allocated by its step and freed after its last
-    read (pinned ones live to the end, or at least to the boundary)."""
+    read (pinned ones live to the end, at least to the boundary, or at least to the forward's
+    last step)."""
     end = len(steps)
     last_use: dict[_Key, int] = {}
     for t, st in enumerate(steps):
@@ -362,6 +365,8 @@ def _replay(steps: list[Step], boundary: int, nbytes: dict[_Key, int], pin_end: 
         last_use[k] = end
     for k in pin_boundary:
         last_use[k] = max(last_use.get(k, 0), boundary)
+    for k in pin_forward:
+        last_use[k] = max(last_use.get(k, 0), boundary - 1)
     frees: dict[int, int] = {}
     for t, st in enumerate(steps):
         for k in st.allocs:

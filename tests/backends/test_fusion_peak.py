@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import remat
-from remat.backends.inductor import fusion
+from remat.backends.inductor import fusion, lowering
 from remat.backends.inductor.facts import Kind, NodeLowering
-from remat.backends.inductor.kernel_model import KernelModel
+from remat.backends.inductor.kernel_model import KernelModel, at_readers
 from remat.core.peak import Schedule, simulate
 from zoo import workloads
 
@@ -430,3 +430,61 @@ def test_simulated_peak_of_an_hf_llama_lm_loss_matches_inductors_plan():
     assert plan.compiled_peak_bytes
     assert abs(plan.simulated_peak_bytes - plan.compiled_peak_bytes) <= 0.03 * plan.compiled_peak_bytes, (
         plan.simulated_peak_bytes, plan.compiled_peak_bytes)
+
+
+# --- kernels Inductor fuses or moves across the graph's order -----------------------------------
+
+
+def test_sibling_kernels_sharing_a_read_are_fused_where_the_first_runs():
+    # p1 and p2 both read a and loop over as many elements; nothing between them feeds p2, so
+    # Inductor fuses them into one kernel where p1 runs (Note [Sibling kernels fused]): both pads
+    # of GPT-2's logits gradient were written at once. Without the rule they never coexist.
+    spec = [("x", "input", (), 0), ("a", "extern", ("x",), 100), ("p1", "pointwise", ("a",), 200),
+            ("m1", "extern", ("p1",), 10), ("q", "extern", ("m1",), 10), ("p2", "pointwise", ("a",), 200),
+            ("m2", "extern", ("p2", "q"), 10)]
+    s = graph(spec, ["m2"])
+    ks, _ = kernels(s)
+    assert [[s.names[v] for v in k.nodes] for k in ks][:2] == [["a"], ["p1", "p2"]]
+    assert simulate(s, set()).peak_bytes == 500  # a, p1 and p2 at once
+    apart = dataclasses.replace(fusion.GPU, horizontal_fusion=False)
+    assert simulate(with_rules(s, apart), set()).peak_bytes == 310  # a, p1 and m1 at most
+
+
+def test_a_sibling_that_reads_a_later_value_is_not_fused():
+    # p2 reads q, which runs after p1's kernel: fusing them would be a cycle, so p2 stays.
+    spec = [("x", "input", (), 0), ("a", "extern", ("x",), 100), ("p1", "pointwise", ("a",), 200),
+            ("m1", "extern", ("p1",), 10), ("q", "extern", ("m1",), 200), ("p2", "pointwise", ("a", "q"), 200),
+            ("m2", "extern", ("p2",), 10)]
+    s = graph(spec, ["m2"])
+    ks, _ = kernels(s)
+    assert ["p1"] in [[s.names[v] for v in k.nodes] for k in ks]
+
+
+def _with_at_reader(s, name):
+    facts = list(s.model.facts)
+    v = s.names.index(name)
+    facts[v] = dataclasses.replace(facts[v], at_reader=True)
+    return dataclasses.replace(s, model=KernelModel(s.model.rules, tuple(facts)))
+
+
+def test_a_matmul_fused_into_the_add_reading_it_runs_at_the_add():
+    # m is a matmul whose one reader is the add s (Inductor's addmm, Note [Matmuls fused into the
+    # add that reads them]): computed there, it is not alive while b1 and b2 run.
+    spec = [("x", "input", (), 0), ("m", "extern", ("x",), 100), ("b1", "extern", ("x",), 100),
+            ("b2", "extern", ("b1",), 100), ("s", "pointwise", ("b2", "m"), 100)]
+    s = graph(spec, ["s"])
+    assert simulate(s, set()).peak_bytes == 300  # m, b1 and b2
+    moved = _with_at_reader(s, "m")
+    assert [moved.names[v] for v in at_readers(moved, list(range(1, 5)), moved.model.facts)] == ["b1", "b2", "m", "s"]
+    assert simulate(moved, set()).peak_bytes == 200  # b2 and m, then s written into one of them
+
+
+def test_addmm_fusion_is_read_off_the_graph_for_full_adds_only():
+    def f(a, b, c, bias):
+        return (c + a @ b).sum() + (bias + a @ b).sum()
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f)(torch.randn(4, 3), torch.randn(3, 5), torch.randn(4, 5), torch.randn(5))
+    mms = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
+    assert [lowering.node_lowering(n, None).at_reader for n in mms] == [True, False]  # a bias is not full

@@ -67,6 +67,9 @@ class NodeLowering:
     stage-local fusion, so no kernel spans two blocks (Note [Stage-local fusion])."""
     heavy: bool = False
     """Its op is one Inductor's CPU backend counts as expensive to repeat (exp, tanh, ...)."""
+    at_reader: bool = False
+    """A matmul Inductor fuses with the add that reads it into one ``addmm``, which runs where
+    the add does (Note [Matmuls fused into the add that reads them])."""
     own_buffer: bool = False
     """A fallback kernel that allocates its output itself (remat's offload copies, Note
     [Offloaded values in Inductor's kernels]): its output never takes a freed buffer, and no

@@ -67,6 +67,7 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], m
     numel = elements(s, model.facts)
     ops = (list(fwd), list(bwd))
     fwd = early_order(s, fwd, ancestors(s, set(s.fwd_outputs), pre | set(s.tangent)))
+    fwd, bwd = at_readers(s, fwd, model.facts), at_readers(s, bwd, model.facts)
     if c:
         fwd, bwd = c.placed(s, fwd, bwd, offload, *ops)
         numel = numel + tuple(numel[v] for v in sorted(moved) for _ in range(3))
@@ -201,6 +202,31 @@ def elements(s: Schedule, facts: tuple[NodeLowering, ...]) -> tuple[int, ...]:
     """Elements of each node's value, from the bytes of the storage it lives in (a view counts
     its base's; 0 where unknown: graph inputs)."""
     return tuple(s.nbytes[s.root[v]] // itemsize(facts[s.root[v]].dtype) for v in range(s.n))
+
+
+def at_readers(s: Schedule, nodes: list[int], facts: Sequence[NodeLowering]) -> list[int]:
+    """``nodes`` with each matmul Inductor fuses into the add reading it (``NodeLowering.at_reader``)
+    moved to just before that add (Note [Matmuls fused into the add that reads them];
+    ``versions.HOOKS["addmm_fusion"]``)."""
+    moved = {v for v in nodes if v < len(facts) and facts[v].at_reader}
+    if not moved:
+        return nodes
+    reader: dict[int, int] = {}
+    for w in nodes:
+        for u in s.inputs[w]:
+            if u in moved:
+                reader.setdefault(u, w)
+    before: dict[int, list[int]] = {}
+    for v in moved:
+        if v in reader:
+            before.setdefault(reader[v], []).append(v)
+    out: list[int] = []
+    for w in nodes:
+        if w in reader:
+            continue
+        out += before.get(w, [])
+        out.append(w)
+    return out
 
 
 def early_order(s: Schedule, nodes: list[int], main: set[int]) -> list[int]:

@@ -130,7 +130,40 @@ def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
         dtype=cost.dtype_name(node.meta.get("val")),
         block=block,
         heavy=packet(op_name(node)).split(".")[-1] in HEAVY_OPS,
+        at_reader=_fused_into_addmm(node),
     )
+
+
+# Note [Matmuls fused into the add that reads them]
+# Inductor's post-grad passes rewrite ``add(x, mm(a, b))`` (either operand order) into
+# ``addmm(x, a, b)`` when ``x`` is a tensor of the matmul's dtype that broadcasts to its result
+# (fx_passes/post_grad.py: the ``addmm`` pattern, ``is_valid_addmm_fusion``; on a GPU a bias-like
+# ``x`` whose sum only pointwise ops read stays unfused). The fused kernel runs where the add
+# does, so the matmul's operands stay alive until then. Where the two are far apart this is the
+# step's peak: a weight used twice accumulates its gradient as such an add, and HF GPT-2's tied
+# LM head and token embedding computed the head's weight gradient at the end of the backward,
+# holding the logits' gradient (785 MiB at 8 x 1024 tokens, bf16) through the whole backward
+# (found with benchmarks/gpu_offline.py; ``versions.HOOKS["addmm_fusion"]``). The model moves
+# such a matmul to its add when ``x`` has the matmul's own shape (a full tensor, not a bias).
+
+
+def _fused_into_addmm(node: fx.Node) -> bool:
+    """Whether ``node`` is a matmul Inductor fuses into the add that reads it (Note [Matmuls fused
+    into the add that reads them])."""
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.mm.default or len(node.users) != 1:
+        return False
+    (add,) = node.users
+    if add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1 or len(add.args) != 2:
+        return False
+    other = add.args[1] if add.args[0] is node else add.args[0]
+    if other is node or not isinstance(other, fx.Node):
+        return False
+    x, y = other.meta.get("val"), node.meta.get("val")
+    return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+            and tuple(x.shape) == tuple(y.shape))
 
 
 def node_lowerings(nodes: list[fx.Node]) -> tuple[NodeLowering, ...]:

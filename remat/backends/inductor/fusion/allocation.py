@@ -154,7 +154,49 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
             blocks = set()
         if b is not None:
             blocks.add(b)
+    if rules.horizontal_fusion:
+        groups = _siblings_fused(groups, mixed, reads, g, rules)
     return groups, mixed
+
+
+# Note [Sibling kernels fused]
+# Inductor's scheduler fuses two kernels that read a common buffer and loop over the same number
+# of elements even when no value flows between them (horizontal fusion: scheduler.py,
+# get_possible_fusions groups nodes by the buffers they share; Triton's can_fuse_horizontal
+# checks the sizes), as long as the fusion creates no cycle. The fused kernel runs where the
+# first of the two did, so the second one's output is allocated there, before the kernels that
+# ran between them. The model's groups follow the graph's order, so a later stored node is moved
+# into an earlier group when everything it reads exists by then, it shares a read with a node of
+# that group of its own size, and both belong to one block (stage-local fusion). Found with
+# benchmarks/gpu_offline.py: HF GPT-2's padded LM head (Inductor's pad_mm) pads the logits'
+# gradient twice, for the weight's gradient and for the input's; one kernel writes both pads
+# while the gradient is alive, three logits-sized buffers at once (the model had two).
+
+
+def _siblings_fused(groups: list[list[int]], mixed: set[int], reads: dict[int, frozenset[int]], g: FusionGraph,
+                    rules: FusionRules) -> list[list[int]]:
+    """``groups`` with each later stored node that Inductor fuses horizontally into an earlier
+    group moved there (Note [Sibling kernels fused])."""
+    where: dict[int, int] = {v: i for i, grp in enumerate(groups) for v in grp}
+    groups = [list(grp) for grp in groups]
+    for i, grp in enumerate(groups):
+        if not grp or g.is_extern(grp[0]) or grp[0] in mixed:
+            continue
+        block = g.facts[grp[0]].block if rules.stage_local else None
+        for j in range(i + 1, len(groups)):
+            later = groups[j]
+            if not later or g.is_extern(later[0]) or later[0] in mixed:
+                continue
+            for v in list(later):
+                if (block is not None and g.facts[v].block != block) or not g.elements(v):
+                    continue
+                if any(where.get(u, -1) > i for u in reads[v]):
+                    continue  # it reads something computed after this group
+                if any(reads[v] & reads[w] and g.elements(w) == g.elements(v) for w in grp):
+                    later.remove(v)
+                    grp.append(v)
+                    where[v] = i
+    return [grp for grp in groups if grp]
 
 
 def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,

@@ -84,6 +84,9 @@ class FusionRules:
     whole row in registers. A longer row is reduced in a loop, one pass per dependent row
     reduction, and a value one pass computes and a later pass reads is stored in memory (Triton;
     ``None``: every row fits, as in the C++ backend's per-row local buffers)."""
+    horizontal_fusion: bool = False
+    """A later kernel that shares a read with an earlier one of its size, and reads nothing
+    computed between them, is fused into it (Note [Sibling kernels fused])."""
     inplace: bool = True
     """A pointwise kernel writes into a same-sized buffer it reads for the last time."""
     sm_count: int = 0
@@ -106,7 +109,8 @@ class FusionRules:
 CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_heavy_reuse=True,
                   kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
 GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True,
-                  persistent_rows=1024, inplace_in_kernel=True, sm_count=132, registers=True)
+                  persistent_rows=1024, inplace_in_kernel=True, sm_count=132, registers=True,
+                  horizontal_fusion=True)
 
 
 def rules_for(device: str) -> FusionRules:
