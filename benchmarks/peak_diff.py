@@ -29,6 +29,7 @@ import remat  # noqa: E402
 import remat.backends.inductor.backend as inductor_backend  # noqa: E402
 import remat.plan_data as plan_data  # noqa: E402
 import remat.planning.build_plan as build_plan  # noqa: E402
+import remat.planning.candidates as candidates  # noqa: E402
 import zoo  # noqa: E402
 from remat.backends.inductor import wrapper_reading  # noqa: E402
 from remat.core import allocations, peak  # noqa: E402
@@ -74,6 +75,7 @@ class Recorder:
             return with_peak(plan, *args, **kwargs)
 
         build_plan.simulate, wrapper_reading.trace_of, inductor_backend.read_step = simulate, traced, read
+        candidates.simulate = simulate  # a candidate's peak, which the plan then takes unsimulated
         plan_data.PlanData.with_compiled_peak = compiled_peak
 
 
