@@ -19,6 +19,9 @@ from remat import compat
 from remat.capture.rng_replay import insert_rng_replay
 from remat.planning.nesting import COPY_OF
 
+from ..correctness.test_training_conditions import seeded_step
+from ..planning.test_budget import measured_peak
+
 DROPOUT = "aten.native_dropout.default"
 
 
@@ -34,16 +37,10 @@ class Blocks(nn.Module):
 
 
 def _step(model, x, seed):
-    """One step from ``seed``, with numbers drawn between the forward and the backward (a backward
-    drawing afresh would show), and the generator's state after it."""
-    torch.manual_seed(seed)
-    for p in model.parameters():
-        p.grad = None
-    xx = x.detach().clone().requires_grad_()
-    loss = model(xx).square().mean()
-    torch.rand(5)
-    loss.backward()
-    return [loss.detach(), xx.grad, *(p.grad for p in model.parameters()), torch.get_rng_state()]
+    """``seeded_step`` (numbers drawn between the forward and the backward, the generator's state
+    after it) as one list: the loss, the input's and the parameters' gradients, the state."""
+    loss, x_grad, grads, state = seeded_step(model, x, seed)
+    return [loss, x_grad, *grads, state]
 
 
 def _smallest_budget(model, x, **kw):
@@ -92,17 +89,7 @@ def test_measured_peaks_of_the_replayed_plans_are_their_predictions():
     for p in points:
         torch._dynamo.reset()
         rm = remat.checkpoint(copy.deepcopy(model), backend="eager", budget=p.predicted_peak_bytes)
-        out = rm(x)
-        out.backward(torch.ones_like(out))  # compile first
-        x.grad = None
-        for q in rm.parameters():
-            q.grad = None
-
-        def step():
-            out = rm(x)
-            out.backward(torch.randn_like(out))
-
-        measured = compat.measure_cpu_peak_bytes(step)
+        measured = measured_peak(rm, x)
         (plan,) = remat.compiled_plans(rm)
         replayed += DROPOUT in plan.recompute_counts()
         assert abs(measured - plan.predicted_peak_bytes) <= 16, (plan.origin, plan.predicted_peak_bytes, measured)
