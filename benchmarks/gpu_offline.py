@@ -60,22 +60,25 @@ class Head(nn.Module):
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
-def _head() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    model = Head()
-    x, labels = torch.randn(8, 2048, 2048), torch.randint(0, 32000, (8, 2048))
-    return model, lambda m: m(x, labels)
+Loss = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+Built = tuple[nn.Module, dict[str, torch.Tensor], Loss]
+"""A model, its inputs and its loss (``loss(model, inputs)``, as ``zoo.Workload.loss``)."""
 
 
-def _zoo(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+def _head() -> Built:
+    inputs = {"x": torch.randn(8, 2048, 2048), "labels": torch.randint(0, 32000, (8, 2048))}
+    return Head(), inputs, lambda m, i: m(i["x"], i["labels"])
+
+
+def _zoo(name: str) -> Built:
     import zoo
 
     wl = zoo.build(name, tiny=False, device="cpu", dtype=torch.bfloat16, no_dropout=True)
-    return wl.model, lambda m: wl.loss(m, wl.inputs)
+    return wl.model, wl.inputs, wl.loss
 
 
-def _faked(mode: Any, model: nn.Module, loss: Callable[[nn.Module], torch.Tensor]
-           ) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    """A model built with real tensors, its parameters, buffers and the loss's inputs made fake
+def _faked(mode: Any, model: nn.Module, inputs: dict[str, torch.Tensor], loss: Loss) -> Built:
+    """A model and inputs built with real tensors, their parameters, buffers and inputs made fake
     tensors of ``mode``."""
     for m in model.modules():
         for k, p in list(m._parameters.items()):
@@ -84,15 +87,12 @@ def _faked(mode: Any, model: nn.Module, loss: Callable[[nn.Module], torch.Tensor
         for k, b in list(m._buffers.items()):
             if b is not None:
                 m._buffers[k] = mode.from_tensor(b)
-    cells = [c for c in (loss.__closure__ or ()) if hasattr(c.cell_contents, "inputs")]
-    for c in cells:  # the workload whose inputs the loss reads
-        c.cell_contents.inputs = {k: mode.from_tensor(v) for k, v in c.cell_contents.inputs.items()}
-    return model, loss
+    return model, {k: mode.from_tensor(v) for k, v in inputs.items()}, loss
 
 
-def build(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+def build(name: str) -> Built:
     """Model ``name`` in bfloat16 (called under a fake mode, where ``Module.to`` cannot swap
-    parameters: they are made in bfloat16 and a conversion to it is skipped) and its loss."""
+    parameters: they are made in bfloat16 and a conversion to it is skipped), its inputs and loss."""
     old, real_to = torch.get_default_dtype(), nn.Module.to
 
     def to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
@@ -175,12 +175,12 @@ def capture(name: str, pad_mm: bool = False) -> list[dict[str, Any]]:
     mode = FakeTensorMode()
     try:
         with mode:
-            model, loss = build(name)
+            model, inputs, loss = build(name)
     except Exception:  # noqa: BLE001 - an initialisation that reads values (timm): built for real
-        model, loss = _faked(mode, *build(name))
+        model, inputs, loss = _faked(mode, *build(name))
     compiled = torch.compile(model, backend=backend)
     with mode:
-        loss(compiled)
+        loss(compiled, inputs)
     return joints
 
 

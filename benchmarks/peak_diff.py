@@ -80,24 +80,10 @@ class Recorder:
 
 
 def simulated_timeline(s: peak.Schedule, saved: set[int]) -> tuple[list, int, dict, dict, dict]:
-    """The simulator's steps with each storage's first and last step (as ``peak._replay``)."""
+    """The simulator's steps with each storage's first and last step (``peak.last_uses``)."""
     fwd, bwd = peak.op_order(s, saved)
     steps, boundary, nbytes, storage = (s.model or peak.OP_BY_OP).steps(s, set(saved), fwd, bwd)
-    keep = s.caller_keeps_outputs
-    pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
-    pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
-    pin_boundary = {storage(v, 0) for v in saved}
-    pin_forward = set() if keep else {storage(v, 0) for v in s.fwd_outputs} - pin_boundary
-    last: dict = {}
-    for t, st in enumerate(steps):
-        for k in st.reads:
-            last[k] = t
-    for k in pin_end:
-        last[k] = len(steps)
-    for k in pin_boundary:
-        last[k] = max(last.get(k, 0), boundary)
-    for k in pin_forward:
-        last[k] = max(last.get(k, 0), boundary - 1)
+    last = peak.last_uses(s, set(saved), steps, boundary, storage)
     born = {k: t for t, st in enumerate(steps) for k in st.allocs}
     free = {k: max(last.get(k, t), t) for k, t in born.items()}
     return steps, boundary, nbytes, born, free

@@ -57,7 +57,7 @@ def replay_state_bytes(node: fx.Node) -> int:
     recomputes it by replaying that state (``Schedule.replay_state``): a CPU generator's state
     (``torch.get_rng_state``, 5,056 bytes) on a CPU; 0 on CUDA, whose state is a host tensor, and
     for every op that does not replay."""
-    if node.op != "call_function" or node.target is operator.getitem or not op_facts(node).is_replayable:
+    if not _replays(node):
         return 0
     val = node.meta.get("val")
     first = val[0] if isinstance(val, (tuple, list)) and val else val
@@ -72,9 +72,13 @@ def _replay_of(nodes: list[fx.Node], ids: dict[fx.Node, int]) -> tuple[int, ...]
     by_name = {n.name: i for n, i in ids.items()}
     out = []
     for n in nodes:
-        replays = n.op == "call_function" and n.target is not operator.getitem and op_facts(n).is_replayable
-        out.append(by_name.get(copy_of(n) or n.name, -1) if replays else -1)
+        out.append(by_name.get(copy_of(n) or n.name, -1) if _replays(n) else -1)
     return tuple(out)
+
+
+def _replays(node: fx.Node) -> bool:
+    """Whether ``node`` is a random op the backward recomputes by replaying its generator state."""
+    return node.op == "call_function" and node.target is not operator.getitem and op_facts(node).is_replayable
 
 
 @functools.cache

@@ -182,15 +182,32 @@ def simulate(s: Schedule, saved: set[int], offload: Offload | None = None) -> Pe
     the halves, each with where its copies run (``Moved``); the step model replays them."""
     fwd, bwd = op_order(s, saved)
     steps, boundary, nbytes, storage = (s.model or OP_BY_OP).steps(s, set(saved), fwd, bwd, offload)
+    return _replay(steps, boundary, nbytes, last_uses(s, saved, steps, boundary, storage))
+
+
+def last_uses(s: Schedule, saved: set[int], steps: list[Step], boundary: int,
+              storage: Callable[[int, int], _Key]) -> dict[_Key, int]:
+    """The step after which each storage the steps read or pin is freed: its last read, or for
+    pinned ones the end (what the caller keeps, the gradients), at least the boundary (saved
+    values; an offloaded value's storage in the forward's phase is its host copy) or at least
+    the forward's last step (outputs the caller drops: gone before the backward's first step
+    allocates the output gradients)."""
     keep = s.caller_keeps_outputs
     pin_end = {storage(v, 0) for v in s.fwd_outputs} if keep else set()
     pin_end |= {storage(v, 1) for v in (*s.bwd_outputs, *(s.tangent if keep else ()))}
-    # saved values live at least to the boundary (an offloaded value's storage in the
-    # forward's phase is its host copy); outputs the caller drops live to the forward's end and
-    # are gone before the backward's first step allocates the output gradients
     pin_boundary = {storage(v, 0) for v in saved}
     pin_forward = set() if keep else {storage(v, 0) for v in s.fwd_outputs} - pin_boundary
-    return _replay(steps, boundary, nbytes, pin_end, pin_boundary, pin_forward)
+    last_use: dict[_Key, int] = {}
+    for t, st in enumerate(steps):
+        for k in st.reads:
+            last_use[k] = t
+    for k in pin_end:
+        last_use[k] = len(steps)
+    for k in pin_boundary:
+        last_use[k] = max(last_use.get(k, 0), boundary)
+    for k in pin_forward:
+        last_use[k] = max(last_use.get(k, 0), boundary - 1)
+    return last_use
 
 
 def _offloaded(steps: list[Step], storage: Callable[[int, int], _Key], offload: Offload, n_fwd: int,
@@ -351,22 +368,10 @@ def _op_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int]):
     return steps, boundary, nbytes, storage
 
 
-def _replay(steps: list[Step], boundary: int, nbytes: dict[_Key, int], pin_end: set[_Key],
-            pin_boundary: set[_Key], pin_forward: set[_Key] = frozenset()) -> PeakResult:
+def _replay(steps: list[Step], boundary: int, nbytes: dict[_Key, int], last_use: dict[_Key, int]) -> PeakResult:
     """Live bytes step by step: a storage is allocated by its step and freed after its last
-    read (pinned ones live to the end, at least to the boundary, or at least to the forward's
-    last step)."""
+    use (``last_uses``)."""
     end = len(steps)
-    last_use: dict[_Key, int] = {}
-    for t, st in enumerate(steps):
-        for k in st.reads:
-            last_use[k] = t
-    for k in pin_end:
-        last_use[k] = end
-    for k in pin_boundary:
-        last_use[k] = max(last_use.get(k, 0), boundary)
-    for k in pin_forward:
-        last_use[k] = max(last_use.get(k, 0), boundary - 1)
     frees: dict[int, int] = {}
     for t, st in enumerate(steps):
         for k in st.allocs:

@@ -150,8 +150,6 @@ def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
 def _fused_into_addmm(node: fx.Node) -> bool:
     """Whether ``node`` is a matmul Inductor fuses into the add that reads it (Note [Matmuls fused
     into the add that reads them])."""
-    import torch
-
     aten = torch.ops.aten
     if node.op != "call_function" or node.target is not aten.mm.default or len(node.users) != 1:
         return False
