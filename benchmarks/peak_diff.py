@@ -172,18 +172,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 elsewhere")
-    parser.add_argument("--budget", default="none", help="a fraction, or none")
+    parser.add_argument("--budget", default="none", help="a fraction, bytes ('3.6GiB'), or none")
+    parser.add_argument("--dropout", action="store_true", help="keep the model's dropout (default: off)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     a = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.bfloat16 if a.device == "cuda" else torch.float32)
-    budget = None if a.budget == "none" else float(a.budget)
+    budget = None if a.budget == "none" else (float(a.budget) if a.budget.replace(".", "").isdigit() else a.budget)
     rec = Recorder()
     rec.install()
-    wl = zoo.build(a.model, tiny=a.tiny, device=a.device, dtype=dtype, no_dropout=True)
+    wl = zoo.build(a.model, tiny=a.tiny, device=a.device, dtype=dtype, no_dropout=not a.dropout)
     model = remat.checkpoint(copy.deepcopy(wl.model), backend="inductor", budget=budget)
-    lines = [f"{a.model}{' (tiny)' if a.tiny else ''} on {a.device}, {dtype}, budget {a.budget}"]
+    lines = [f"{a.model}{' (tiny)' if a.tiny else ''} on {a.device}, {dtype}, budget {a.budget}"
+             f"{', dropout' if a.dropout else ''}"]
     try:
         wl.loss(model, wl.inputs).backward()
     except remat.InfeasibleBudgetError as e:

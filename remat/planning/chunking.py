@@ -53,6 +53,17 @@ def _flat_shape(shape: tuple[int, ...], rows: Rows, size: int) -> list[int]:
     return [*shape[:rows.dims[0]], size, *shape[rows.dims[-1] + 1:]]
 
 
+def _flat_pad(pad: list[int], rank: int, rows: Rows) -> list[int]:
+    """``constant_pad_nd``'s ``pad`` for the tensor once its row dims are one dim (rows unpadded,
+    ``remat.analysis.rows._within_rows``)."""
+    by_dim = {rank - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
+    flat = {_flat_dim(d, rows): p for d, p in by_dim.items() if d not in rows.dims}
+    out: list[int] = []
+    for d in range(rank - len(rows.dims), min(flat, default=rank) - 1, -1):
+        out += flat.get(d, (0, 0))
+    return out
+
+
 def _shape(n: fx.Node) -> tuple[int, ...]:
     return tuple(n.meta["val"].shape)
 
@@ -210,6 +221,14 @@ class _Builder:
             args[1] = _flat_dim(n.args[1] % len(_shape(n)), lay)
         elif name == "aten.squeeze.dim":
             args[1] = _flat_dim(n.args[1] % len(_shape(x)), lin)
+        elif name == "aten.slice.Tensor":
+            new = _flat_dim((n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % len(_shape(x)), lin)
+            if len(n.args) > 1:
+                args[1] = new
+            else:
+                kwargs["dim"] = new
+        elif name == "aten.constant_pad_nd.default":
+            args[1] = _flat_pad(list(n.args[1]), len(_shape(x)), lin)
         elif name == "aten.squeeze.dims":
             args[1] = sorted({_flat_dim(d % len(_shape(x)), lin) for d in n.args[1]})
         if lay is SUM and name == "aten.mm.default" and k > 0:  # Note [Wide outputs computed whole]

@@ -5,6 +5,7 @@ that only such a plan meets kept as measured, with eager's gradients."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -70,13 +71,13 @@ def _run(gm: fx.GraphModule, args: list) -> list[torch.Tensor]:
     return [t for t in compat.tree_leaves(fx.Interpreter(gm).run(*args)) if isinstance(t, torch.Tensor)]
 
 
-def _example_args(gm: fx.GraphModule) -> list:
+def _example_args(gm: fx.GraphModule, vocab: int = VOCAB) -> list:
     g = torch.Generator().manual_seed(2)
     out = []
     for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta["val"]
         out.append(torch.randn(v.shape, generator=g, dtype=v.dtype) if v.dtype.is_floating_point
-                   else torch.randint(0, VOCAB, v.shape, generator=g, dtype=v.dtype))
+                   else torch.randint(0, vocab, v.shape, generator=g, dtype=v.dtype))
     return out
 
 
@@ -135,6 +136,73 @@ def test_the_sliced_graph_computes_the_same_outputs_and_gradients(joint):
     # per slice, dh's matmul and dW's, the latter adding to the slices before it (Note [Row sums of matmuls])
     assert len([n for n in mms if n in backward]) == 2 * 4
     assert len([n for n in mms if n.target is torch.ops.aten.addmm.default]) == 3
+
+
+def _pad_matmuls(gm: fx.GraphModule, args: list, align: int = 8) -> fx.GraphModule:
+    """``gm`` as Inductor's ``pad_mm`` leaves it on a GPU: each mm whose dims are not multiples of
+    ``align`` runs on zero-padded operands, its result sliced back (the pattern of
+    ``torch._inductor.fx_passes.pad_mm.pad_mm``); values recorded by running it on ``args``."""
+    aten, g = torch.ops.aten, gm.graph
+    for n in list(g.find_nodes(op="call_function", target=aten.mm.default)):
+        a, b = n.args
+        (m, k), (_, cols) = a.meta["val"].shape, b.meta["val"].shape
+        pm, pk, pn = -m % align, -k % align, -cols % align
+        if not (pm or pk or pn):
+            continue
+        with g.inserting_before(n):
+            a2 = g.call_function(aten.constant_pad_nd.default, (a, [0, pk, 0, pm])) if pk or pm else a
+            b2 = g.call_function(aten.constant_pad_nd.default, (b, [0, pn, 0, pk])) if pk or pn else b
+            out = g.call_function(aten.mm.default, (a2, b2))
+            if pm:
+                out = g.call_function(aten.slice.Tensor, (out, 0, 0, -pm))
+            if pn:
+                out = g.call_function(aten.slice.Tensor, (out, 1, 0, -pn))
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+    gm.recompile()
+
+    class Record(fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            n.meta["val"] = out
+            return out
+
+    Record(gm).run(*args)
+    return gm
+
+
+def test_a_head_inductor_pads_is_one_row_region_and_slices_to_the_same_values():
+    # Note [Padded matmuls in a row region]: a vocabulary of 509 words, padded to 512 as on a GPU
+    torch.manual_seed(0)
+    gm = _joint(HeadLM(logits=True, vocab=509), *_inputs())
+    args = _example_args(gm, vocab=509)
+    padded = _pad_matmuls(copy.deepcopy(gm), args)
+    pads = [n for n in padded.graph.nodes if n.target in (torch.ops.aten.constant_pad_nd.default,
+                                                          torch.ops.aten.slice.Tensor)]
+    assert len(pads) >= 4  # the head's forward and its two gradient matmuls padded, results sliced
+    (region,) = row_regions(padded)
+    (plain,) = row_regions(gm)
+    assert region.rows == plain.rows == 4 * 64
+    # the padded logits and the padded logits' gradient are wide tensors of the region: none of
+    # the step's [rows, vocab] tensors is left whole
+    row_pads = [n for n in pads if _rows_like(n)]
+    assert row_pads and all(n.name in region.layout for n in row_pads)
+    assert region.widest_bytes == 4 * 64 * 512 * 4  # the padded logits (float32 here)
+    assert len(region.wide) > len(plain.wide)  # the padded copies besides
+    # a pad of the rows (none here) would stop it; the weight's pad is read whole by every slice
+    weight_pads = [n for n in pads if n.target is torch.ops.aten.constant_pad_nd.default and not _rows_like(n)]
+    assert weight_pads and not any(n.name in region.layout for n in weight_pads)
+    sliced = chunk_rows(padded, [(region, 4)])
+    want, got = _run(gm, args), _run(sliced, args)
+    assert len(want) == len(got)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
+    assert {chunk_of(n)[1] for n in sliced.graph.nodes if chunk_of(n)} == {0, 1, 2, 3}
+
+
+def _rows_like(n: fx.Node) -> bool:
+    v = n.meta["val"]
+    return isinstance(v, torch.Tensor) and v.dim() >= 2 and (4 * 64 in v.shape or math.prod(v.shape[:-1]) == 4 * 64)
 
 
 def test_chunking_counts_slices_by_bytes_within_rows_and_none_turns_it_off(joint):
