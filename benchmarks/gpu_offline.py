@@ -201,7 +201,7 @@ def lower(g: Any, is_backward: bool) -> Any:
     return traces[-1]
 
 
-def plan_and_read(j: dict[str, Any], budget: float | None) -> dict[str, Any]:
+def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str = False) -> dict[str, Any]:
     """remat's plan of one CUDA joint graph under ``budget`` and the peak read from Inductor's
     CUDA memory plan of its forward and backward."""
     from remat.backends.inductor import backend as inductor_backend
@@ -214,7 +214,7 @@ def plan_and_read(j: dict[str, Any], budget: float | None) -> dict[str, Any]:
 
     plans: list[Any] = []
     joint = copy_graph(j["joint"]) or j["joint"]
-    partition = make_partition_fn(Options(backend="inductor", budget=budget, strict=True),
+    partition = make_partition_fn(Options(backend="inductor", budget=budget, strict=True, offload=offload),
                                   lambda p, f: plans.append(p), InductorBackend(), backend_for("eager"),
                                   ends_at_break=j["ends_at_break"])
     fw, bw = partition(joint, j["cuda_inputs"], num_fwd_outputs=j["num_fwd_outputs"],
@@ -252,7 +252,8 @@ DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
 
 
-def run(name: str, budgets: list[float | None], pad_mm: bool = False, one_graph: bool = False) -> list[dict[str, Any]]:
+def run(name: str, budgets: list[float | None], pad_mm: bool = False, one_graph: bool = False,
+        offload: bool | str = False) -> list[dict[str, Any]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     rows = []
@@ -266,7 +267,7 @@ def run(name: str, budgets: list[float | None], pad_mm: bool = False, one_graph:
             for b in budgets:
                 try:
                     with mode:
-                        row = plan_and_read(j, b)
+                        row = plan_and_read(j, b, offload)
                 except Exception as e:  # noqa: BLE001 - an infeasible budget is a row too
                     if os.environ.get("TRACE"):
                         import traceback
@@ -293,6 +294,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--pad-mm", default="off", choices=["off", "force"],
                     help="force: every misaligned matmul padded, as a GPU may (default: none)")
+    ap.add_argument("--offload", default="false", choices=["false", "auto", "all"], help="remat's offload option")
     ap.add_argument("--one-graph", action="store_true",
                     help="logger calls do not split the graph, as under a budget (HF GPT-2's loss in its graph)")
     ap.add_argument("--diff", action="store_true", help="write peak_diff's live sets of each row to --out")
@@ -302,7 +304,12 @@ def main() -> None:
         RECORDER = peak_diff.Recorder()
         RECORDER.install()
     budgets = [None if b == "none" else float(b) for b in a.budgets]
-    rows = [r for m in a.models for r in run(m, budgets, a.pad_mm == "force", a.one_graph)]
+    if a.offload != "false":  # the H100's pinned host link as measured there (real-models-h100-08-llama.json)
+        from remat.core.offload import Link
+        from remat.planning import offload
+        offload._LINKS[fake_gpu.H100.name] = Link(d2h=53.6e9, h2d=54.0e9)
+    rows = [r for m in a.models for r in run(m, budgets, a.pad_mm == "force", a.one_graph,
+                                                       False if a.offload == "false" else a.offload)]
     if a.out:
         out = pathlib.Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

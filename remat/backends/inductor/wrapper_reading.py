@@ -32,6 +32,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...compat import OpOverload
 from ...core.allocations import Event, GraphTrace
 from ...versions import drift
 from ..aten_scratch import scratch_bytes
@@ -105,7 +106,7 @@ def _aliased(node: Any) -> str | None:
     ``get_inputs_that_alias_output``: ``versions.HOOKS["read_offload_copies"]``): it allocates
     nothing. None: it allocates."""
     op = getattr(node, "op_overload", None)
-    if op is None:
+    if not isinstance(op, OpOverload):  # none, or a higher-order op (an RNG replay's): allocates
         return None
     if not hasattr(op, "_schema") or not hasattr(node, "get_inputs_that_alias_output"):
         drift("read_offload_copies", "OpOverload._schema, FallbackKernel.get_inputs_that_alias_output")
