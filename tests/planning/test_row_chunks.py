@@ -372,3 +372,16 @@ def test_a_failure_to_slice_keeps_the_graph_as_captured_or_raises_under_strict(m
     assert not plan.row_chunks and plan.fallback is None
     with pytest.raises(remat.RematError, match="no slice"):
         remat.explain(remat.checkpoint(HeadLM(), strict=True, **kw), ids, labels, budget=1.0)
+
+
+def test_a_pad_of_a_tensor_whose_rows_are_two_dims_pads_the_same_dims_once_they_are_one():
+    from remat.planning.chunking import _flat_pad
+
+    x = torch.randn(2, 3, 5)  # rows: dims 0 and 1 (batch, sequence)
+    for pad in ([0, 7], [0, 7, 0, 0], [0, 7, 0, 0, 0, 0], [1, 2]):
+        flat = _flat_pad(pad, 3, Rows((0, 1)))
+        want = F.pad(x, pad).reshape(6, -1)
+        torch.testing.assert_close(F.pad(x.reshape(6, 5), flat), want)
+    y = torch.randn(4, 6, 5)  # rows: dim 1 alone, dims around it padded
+    assert _flat_pad([0, 3, 0, 0, 1, 1], 3, Rows((1,))) == [0, 3, 0, 0, 1, 1]
+    torch.testing.assert_close(F.pad(y, [0, 3, 0, 0, 1, 1]), F.pad(y, _flat_pad([0, 3, 0, 0, 1, 1], 3, Rows((1,)))))
