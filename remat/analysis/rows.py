@@ -34,8 +34,10 @@ logits' gradient padded for both of the head's gradient matmuls. Slicing or padd
 than the rows keeps rows independent, so these ops join the region; without them the region
 stopped at the slice, nothing was chunked, and HF GPT-2 (50,257 words, padded to 50,264) kept
 its whole float32 log-probabilities: its smallest plan on an H100 predicted 3.53 GiB, read from
-Inductor's memory plan at 3.52 GiB, against compile + per-block checkpointing's 1.86 GiB.
-Padding that touches the rows (a row count not a multiple of the alignment) stops the region.
+Inductor's memory plan at 3.52 GiB, against compile + per-block checkpointing's 1.86 GiB. With
+them, its plan at that peak measured 1,886 MiB (predicted 1,885) against checkpointing's 1,900,
+its head and loss in 8 slices (benchmarks/README.md). Padding that touches the rows (a row count
+not a multiple of the alignment) stops the region.
 
 Note [Narrow results stored per slice]
 A narrow result the region hands on (a gather of each row's log-probability) is concatenated
@@ -367,7 +369,7 @@ def _unsqueeze(n: fx.Node, known: Known, rows: int) -> Assignment | None:
     return {x: li, n: out}
 
 
-def padded_dims(pad: list[int], rank: int) -> set[int]:
+def _padded_dims(pad: list[int], rank: int) -> set[int]:
     """The dims ``constant_pad_nd``'s ``pad`` (pairs from the last dim backwards) pads or trims."""
     return {rank - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
 
@@ -385,7 +387,7 @@ def _within_rows(n: fx.Node, known: Known, rows: int) -> Assignment | None:
     if op_name(n) == "aten.slice.Tensor":
         touched = {_norm(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0), rank)}
     else:
-        touched = padded_dims(list(n.args[1]), rank)
+        touched = _padded_dims(list(n.args[1]), rank)
     li, lo = _rows_of(known.get(x)), _rows_of(known.get(n))
     lay = li or lo
     if lay is None or set(lay.dims) & touched or li not in (None, lay) or lo not in (None, lay):
