@@ -166,6 +166,13 @@ def read_report(rec: Recorder, index: int, loss_in_step: bool, top: int) -> list
     return out + rows
 
 
+def budget_arg(text: str) -> float | str | None:
+    """A budget as the command line gives it: ``none``, a fraction (``0.3``), or bytes (``3.6GiB``)."""
+    if text == "none":
+        return None
+    return float(text) if text.replace(".", "").isdigit() else text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama", choices=zoo.SUITE)
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     a = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.bfloat16 if a.device == "cuda" else torch.float32)
-    budget = None if a.budget == "none" else (float(a.budget) if a.budget.replace(".", "").isdigit() else a.budget)
+    budget = budget_arg(a.budget)
     rec = Recorder()
     rec.install()
     wl = zoo.build(a.model, tiny=a.tiny, device=a.device, dtype=dtype, no_dropout=not a.dropout)

@@ -3,6 +3,9 @@ model's training loss (dropout as the zoo builds it) at each budget, and for eac
 predicted peak, the floor, the saved bytes grouped by the op that made them, and the count of
 the captured graph's ops of interest (attention, dropout, random ops). A diagnostic for the
 smallest plan of a model with random ops (issue 27's GPT-2 at compile + checkpointing's peak).
+The step is captured as a module returning the loss alone: outputs a training call also returns
+and drops (an HF model's logits, whose zero gradients autograd materializes) are not in it, so
+its plans can predict less than training's (``peak_diff.py`` compiles the step as trained).
 
     PYTHONPATH=$PWD python benchmarks/plan_probe.py --model gpt2 --tiny --device cpu
     PYTHONPATH=$PWD python benchmarks/plan_probe.py --model gpt2 --budgets none 3.6GiB --out $OUT
@@ -20,6 +23,8 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`, `remat`
+import peak_diff  # noqa: E402
+
 import remat  # noqa: E402
 import zoo  # noqa: E402
 
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     wl = zoo.build(a.model, tiny=a.tiny, device=a.device, dtype=dtype)
     found = {"model": a.model, "tiny": a.tiny, "device": a.device, "torch": torch.__version__, "plans": {}}
     for b in a.budgets:
-        budget = None if b == "none" else (float(b) if b.replace(".", "").isdigit() else b)
+        budget = peak_diff.budget_arg(b)
         try:
             plan = remat.explain(Loss(wl), budget=budget, **wl.inputs)
             found["plans"][b] = describe(plan, a.top)

@@ -62,7 +62,7 @@ from ..compat import OpOverload
 from .ops import RANDOM_OPS, op_name
 
 __all__ = ["Rows", "SUM", "BROADCAST", "FACTORY", "Layout", "Region", "row_regions", "WIDENING", "WIDE", "CHUNK_OF",
-           "chunk_of"]
+           "chunk_of", "pad_pairs", "slice_dim"]
 
 CHUNK_OF = "remat_row_chunk"
 """``node.meta`` key of an op a row-chunked graph computes for one slice (``remat.planning.chunking``):
@@ -369,9 +369,15 @@ def _unsqueeze(n: fx.Node, known: Known, rows: int) -> Assignment | None:
     return {x: li, n: out}
 
 
-def _padded_dims(pad: list[int], rank: int) -> set[int]:
-    """The dims ``constant_pad_nd``'s ``pad`` (pairs from the last dim backwards) pads or trims."""
-    return {rank - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
+def pad_pairs(pad: list[int], rank: int) -> dict[int, tuple[int, int]]:
+    """``constant_pad_nd``'s ``pad`` (pairs from the last dim backwards) by dim: what each dim
+    gains (or, negative, loses) before and after."""
+    return {rank - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
+
+
+def slice_dim(n: fx.Node) -> int:
+    """The dim an ``aten.slice.Tensor`` node slices, as written (it may be negative)."""
+    return n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
 
 
 def _within_rows(n: fx.Node, known: Known, rows: int) -> Assignment | None:
@@ -385,9 +391,9 @@ def _within_rows(n: fx.Node, known: Known, rows: int) -> Assignment | None:
         return None
     rank = len(si)
     if op_name(n) == "aten.slice.Tensor":
-        touched = {_norm(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0), rank)}
+        touched = {_norm(slice_dim(n), rank)}
     else:
-        touched = _padded_dims(list(n.args[1]), rank)
+        touched = {d for d, p in pad_pairs(list(n.args[1]), rank).items() if any(p)}
     li, lo = _rows_of(known.get(x)), _rows_of(known.get(n))
     lay = li or lo
     if lay is None or set(lay.dims) & touched or li not in (None, lay) or lo not in (None, lay):

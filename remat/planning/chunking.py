@@ -25,7 +25,7 @@ import torch.fx as fx
 from .. import compat
 from ..analysis.halves import is_tangent
 from ..analysis.ops import op_name
-from ..analysis.rows import CHUNK_OF, SUM, Region, Rows, chunk_of, row_regions
+from ..analysis.rows import CHUNK_OF, SUM, Region, Rows, chunk_of, pad_pairs, row_regions, slice_dim
 from ..chunking import Chunking
 from ..errors import RematError
 from ..plan_data import RowChunks
@@ -56,8 +56,7 @@ def _flat_shape(shape: tuple[int, ...], rows: Rows, size: int) -> list[int]:
 def _flat_pad(pad: list[int], rank: int, rows: Rows) -> list[int]:
     """``constant_pad_nd``'s ``pad`` for the tensor once its row dims are one dim (rows unpadded,
     ``remat.analysis.rows._within_rows``)."""
-    by_dim = {rank - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
-    flat = {_flat_dim(d, rows): p for d, p in by_dim.items() if d not in rows.dims}
+    flat = {_flat_dim(d, rows): p for d, p in pad_pairs(pad, rank).items() if d not in rows.dims}
     out: list[int] = []
     for d in range(rank - len(rows.dims), min(flat, default=rank) - 1, -1):
         out += flat.get(d, (0, 0))
@@ -222,7 +221,7 @@ class _Builder:
         elif name == "aten.squeeze.dim":
             args[1] = _flat_dim(n.args[1] % len(_shape(x)), lin)
         elif name == "aten.slice.Tensor":
-            new = _flat_dim((n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % len(_shape(x)), lin)
+            new = _flat_dim(slice_dim(n) % len(_shape(x)), lin)
             if len(n.args) > 1:
                 args[1] = new
             else:
