@@ -239,6 +239,7 @@ def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str =
         RECORDER.sims.clear()
     return {"budget": budget, "simulated": plan.simulated_peak_bytes, "read": peak.peak_bytes,
             "read_at": peak.at, "saved_bytes": plan.saved_bytes,
+            "offloaded": [[o.name, o.nbytes, o.released_after, o.reload_before] for o in plan.offloaded],
             "error": (plan.simulated_peak_bytes - peak.peak_bytes) / peak.peak_bytes if peak.peak_bytes else None}
 
 

@@ -361,6 +361,17 @@ HOOKS: dict[str, Hook] = {
         "peak is above the compiled step's.",
         "Run on 2.13 (tests/capture/test_offload_inductor.py); on 2.11 FallbackKernel's alias_names (its "
         "schema's alias annotations) and GraphLowering.device_types read in its source, the same."),
+    "channels_last_outputs": Hook(
+        "the layout Inductor gives a training graph's dense 4-D outputs downstream of its convolutions "
+        "(channels-last under its layout optimization, whatever their traced strides), so that an offloaded "
+        "value's host copy is made in that layout and returned as it is",
+        ("torch._inductor.graph.GraphLowering.decide_layout_opt",
+         "torch._inductor.graph.GraphLowering.find_nodes_prefer_channels_last"),
+        (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+        "An offloaded 4-D value of a convolutional network may be copied again on the host, into pageable "
+        "memory, before the forward returns it; its copy back then refuses it (RuntimeError) on CUDA.",
+        "Run on 2.13 and 2.14.1 (tests/capture/test_offload_inductor.py); on 2.11 both read in its source "
+        "(graph.py: a static method of the graph module and a method reading self.module), the same."),
     # --- Inductor: behaviour the peak model copies (remat.backends.inductor) -----------------------
     "realization": Hook(
         "which pointwise values Inductor stores rather than inlines (Note [Inductor realization])",

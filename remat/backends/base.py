@@ -58,6 +58,13 @@ class Backend(ABC):
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         """Mark the partitioned modules before they are lowered (Inductor: block tags)."""
 
+    def channels_last(self, forward: fx.GraphModule) -> frozenset[str]:
+        """The nodes of the partitioned ``forward`` (names) whose outputs this backend lays out
+        channels-last where they are dense and 4-D, whatever their traced strides (Inductor's
+        layout optimization); an offloaded value's host copy takes that layout (Note [Host copy
+        layout] in ``remat.capture.offload_pass``). Empty: outputs keep their traced strides."""
+        return frozenset()
+
     @abstractmethod
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                 on_peak: Callable[[Any], None] | None = None, *, stock: bool = False) -> Any:

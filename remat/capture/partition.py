@@ -88,7 +88,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
                                                                if n in static_nodes))
             place_recompute(bw, {n.name for n in jg.nodes if n.op == "call_function"})
             insert_offload(fw, bw, num_fwd_outputs, [Move(o.name, o.reload_before, o.released_after)
-                                                    for o in plan.offloaded])
+                                                    for o in plan.offloaded], backend.channels_last)
             replayed = insert_rng_replay(fw, bw, num_fwd_outputs)
             if replayed:
                 plan = replace(plan, notes=(*plan.notes, f"{replayed} random op(s) recomputed by replaying the "

@@ -45,8 +45,8 @@ def graphs(monkeypatch):
     """The partitioned forward and backward of each graph, as the offload pass left them."""
     seen = []
 
-    def recording(fw, bw, n, moves):
-        offload_pass.insert_offload(fw, bw, n, moves)
+    def recording(fw, bw, n, moves, channels_last=None):
+        offload_pass.insert_offload(fw, bw, n, moves, channels_last)
         seen.append((fw, bw, list(moves)))
 
     monkeypatch.setattr(partition, "insert_offload", recording)

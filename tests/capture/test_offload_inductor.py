@@ -249,3 +249,51 @@ def test_offload_with_dynamic_shapes_keeps_gradients_across_sizes():
         _eager_grads_equal(m, base, x, f" at batch {n}")
     (plan,) = remat.compiled_plans(m)
     assert plan.offloaded
+
+
+def _convnet():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(16, 4))
+
+
+def _copied_host_copies(lines: list[str]) -> list[str]:
+    """The host kernels of a generated forward that read a ``ready``'s result: a host copy copied
+    again (Note [Host copy layout])."""
+    readies = {b for ln in lines if (r := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.ready\.default.*", ln))
+               for b in _aliases(lines, r.group(1))}
+    return [ln for ln in lines if re.match(r"cpp_fused_\w*\(", ln) and any(_refs(ln, b) for b in readies)]
+
+
+def test_host_copies_of_a_convnet_take_inductors_channels_last_layout(monkeypatch):
+    """Note [Host copy layout]: Inductor lays a conv net's forward outputs out channels-last (its
+    layout optimization, on for this graph on the CPU as on a GPU); each 4-D host copy it keeps
+    so is made channels-last, so the forward returns it as ``to_host`` made it, with no copy of it
+    on the host (on a GPU, a copy into pageable memory that ``to_device`` refuses), and the
+    gradients equal eager's. Without the layout the host copies are copied again."""
+    from remat.backends.inductor.backend import InductorBackend
+
+    base, x = _convnet(), torch.randn(8, 3, 24, 24)
+    torch._dynamo.reset()
+    m, _, codes = _offloaded_step(base, x)
+    (plan,) = remat.compiled_plans(m)
+    (fw,) = [c for c in codes if "tangents_1" not in c]
+    lines = _call_lines(fw)
+    made = {m_.group(1): m_.group(2) for ln in lines
+            if (m_ := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.to_host\.default\(\w+, True, (\[[\d, ]+\])\)", ln))}
+    assert len(made) == len(plan.offloaded) >= 3
+    # those Inductor keeps channels-last (up to the last convolution) are made so; the rest as traced
+    assert any(re.fullmatch(r"\[\d+, 1, \d+, \d+\]", s) and not s.endswith(", 1]") for s in made.values()), made
+    body = fw[fw.index("def call(self, args):"):]
+    returned = body[body.index("return ("):].split("\n")[0]
+    for ln in lines:
+        if r := re.fullmatch(r"(buf\d+) = torch\.ops\.remat\.ready\.default\(.*", ln):
+            assert any(_refs(returned, n) for n in _aliases(lines, r.group(1))), f"{ln}: returned copied"
+    assert not _copied_host_copies(lines)
+    torch._dynamo.reset()
+    monkeypatch.setattr(InductorBackend, "channels_last", lambda self, forward: frozenset())
+    _, _, codes = _offloaded_step(base, x)
+    (fw,) = [c for c in codes if "tangents_1" not in c]
+    assert _copied_host_copies(_call_lines(fw)), "without the layout Inductor copies them (else this shows nothing)"

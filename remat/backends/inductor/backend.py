@@ -15,7 +15,7 @@ from ...versions import check_torch_version, drift
 from ..aten_scratch import scratch_bytes
 from ..base import Backend
 from . import fusion
-from .hooks import compile_fx, inductor_partitioner, tag_stages
+from .hooks import channels_last_nodes, compile_fx, inductor_partitioner, tag_stages
 from .kernel_model import KernelModel
 from .lowering import index_sources, node_lowerings
 
@@ -46,6 +46,9 @@ class InductorBackend(Backend):
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)
+
+    def channels_last(self, forward: fx.GraphModule) -> frozenset[str]:
+        return channels_last_nodes(forward)
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
         return index_sources(nodes)

@@ -19,7 +19,7 @@ from ...versions import drift
 from .lowering import fusion_blocks
 from .wrapper_reading import read_allocations
 
-__all__ = ["compile_fx", "copies_in_place", "graph_io_names", "inductor_partitioner", "stage_local_fusion",
+__all__ = ["channels_last_nodes", "compile_fx", "copies_in_place", "graph_io_names", "inductor_partitioner", "stage_local_fusion",
            "STAGE_KEY", "tag_stages", "OFFLOAD_OPS"]
 
 # Note [Recompute precision]
@@ -100,6 +100,36 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
     elif keep_casts:
         drift("recompute_precision", "torch._inductor.config.emulate_precision_casts")
     return _compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
+
+
+def channels_last_nodes(gm: fx.GraphModule) -> frozenset[str]:
+    """The names of the nodes of training graph ``gm`` that Inductor lays out channels-last where
+    they are dense and 4-D: none unless it optimizes the graph's layout
+    (``GraphLowering.decide_layout_opt``), else those ``GraphLowering.find_nodes_prefer_channels_last``
+    finds (convolutions, what feeds them, and what follows them up to the last one), asked of
+    Inductor itself on ``gm`` as it will lower it (``versions.HOOKS["channels_last_outputs"]``).
+    Empty, with a warning, where the two cannot be used."""
+    from torch._inductor.graph import GraphLowering
+
+    decide = getattr(GraphLowering, "decide_layout_opt", None)
+    find = getattr(GraphLowering, "find_nodes_prefer_channels_last", None)
+    if decide is None or find is None:
+        drift("channels_last_outputs")
+        return frozenset()
+    try:
+        if not decide(gm, is_inference=False):
+            return frozenset()
+        return frozenset(n.name for n in find(_Lowering(gm)))
+    except Exception as e:  # noqa: BLE001 - a changed signature or attribute: the copies keep traced strides
+        drift("channels_last_outputs", f"{type(e).__name__}: {e}")
+        return frozenset()
+
+
+class _Lowering:
+    """What ``GraphLowering.find_nodes_prefer_channels_last`` reads of the lowering: its module."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        self.module = module
 
 
 @contextlib.contextmanager

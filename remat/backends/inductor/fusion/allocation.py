@@ -10,6 +10,7 @@ last time (``inplace``); a freed buffer is held for a later one of its size (``r
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from ..facts import FusionGraph, Kind
@@ -176,27 +177,50 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
 def _siblings_fused(groups: list[list[int]], mixed: set[int], reads: dict[int, frozenset[int]], g: FusionGraph,
                     rules: FusionRules) -> list[list[int]]:
     """``groups`` with each later stored node that Inductor fuses horizontally into an earlier
-    group moved there (Note [Sibling kernels fused])."""
+    group moved there (Note [Sibling kernels fused]). Each group takes, in graph order, the later
+    nodes that share a read of its own size with one of its nodes (its own or taken before them),
+    read nothing computed after it and are of its block; found through the readers of each read
+    buffer, so the cost follows the shared reads, not the number of groups squared."""
     where: dict[int, int] = {v: i for i, grp in enumerate(groups) for v in grp}
+    pos = {v: k for k, v in enumerate(v for grp in groups for v in grp)}  # groups hold their nodes in graph order
+    movable = {v for grp in groups if grp and not g.is_extern(grp[0]) and grp[0] not in mixed for v in grp}
+    readers: dict[int, list[int]] = {}  # a read buffer -> the movable nodes reading it, in graph order
+    for v in sorted(movable, key=pos.__getitem__):
+        for u in reads[v]:
+            readers.setdefault(u, []).append(v)
     groups = [list(grp) for grp in groups]
     for i, grp in enumerate(groups):
         if not grp or g.is_extern(grp[0]) or grp[0] in mixed:
             continue
         block = g.facts[grp[0]].block if rules.stage_local else None
-        for j in range(i + 1, len(groups)):
-            later = groups[j]
-            if not later or g.is_extern(later[0]) or later[0] in mixed:
+        sized: dict[int, set[int]] = {}  # a buffer this group reads -> the sizes of its nodes reading it
+        heap: list[tuple[int, int]] = []
+        queued: set[int] = set()
+        last = pos[grp[-1]]  # later nodes are visited once, in graph order, after the group's own
+
+        def share(v: int, at: int) -> None:  # v joined the group at position ``at``: queue later readers
+            for u in reads[v]:
+                sized.setdefault(u, set()).add(g.elements(v))
+                for w in readers.get(u, ()):
+                    if pos[w] > at and w not in queued and where[w] > i:
+                        queued.add(w)
+                        heapq.heappush(heap, (pos[w], w))
+
+        for v in list(grp):
+            share(v, last)
+        while heap:
+            _, v = heapq.heappop(heap)
+            if where[v] <= i or (block is not None and g.facts[v].block != block) or not g.elements(v):
                 continue
-            for v in list(later):
-                if (block is not None and g.facts[v].block != block) or not g.elements(v):
-                    continue
-                if any(where.get(u, -1) > i for u in reads[v]):
-                    continue  # it reads something computed after this group
-                if any(reads[v] & reads[w] and g.elements(w) == g.elements(v) for w in grp):
-                    later.remove(v)
-                    grp.append(v)
-                    where[v] = i
+            if any(where.get(u, -1) > i for u in reads[v]):
+                continue  # it reads something computed after this group
+            if any(g.elements(v) in sized.get(u, ()) for u in reads[v]):
+                groups[where[v]].remove(v)
+                grp.append(v)
+                where[v] = i
+                share(v, pos[v])
     return [grp for grp in groups if grp]
+
 
 
 def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,
