@@ -19,8 +19,8 @@ from ...versions import drift
 from .lowering import fusion_blocks
 from .wrapper_reading import read_allocations
 
-__all__ = ["channels_last_nodes", "compile_fx", "copies_in_place", "graph_io_names", "inductor_partitioner", "stage_local_fusion",
-           "STAGE_KEY", "tag_stages", "OFFLOAD_OPS"]
+__all__ = ["channels_last_nodes", "compile_fx", "copies_in_place", "graph_io_names", "inductor_partitioner",
+           "stage_local_fusion", "STAGE_KEY", "tag_stages", "OFFLOAD_OPS"]
 
 # Note [Recompute precision]
 # A fused Inductor kernel elides the round trip through bf16/fp16 between two low-precision ops
