@@ -45,7 +45,6 @@ reader). Events are keyed by the data pointer of the copy's result, taken by ``r
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -176,14 +175,16 @@ to_device = torch.ops.remat.to_device.default
 ready = torch.ops.remat.ready.default
 
 
-def _with_val(node: fx.Node, like: fx.Node, device: str | torch.device) -> fx.Node:
-    """``node`` with a fake value like ``like``'s on ``device``."""
+def _with_val(node: fx.Node, like: fx.Node, device: str | torch.device,
+              stride: Sequence[int] | None = None) -> fx.Node:
+    """``node`` with a fake value like ``like``'s on ``device`` (with ``stride``, where given)."""
     val = like.meta.get("val")
     if isinstance(val, torch.Tensor):
         mode = getattr(val, "fake_mode", None)
         if mode is not None:
             with mode:
-                node.meta["val"] = torch.empty_strided(val.size(), val.stride(), dtype=val.dtype, device=device)
+                node.meta["val"] = torch.empty_strided(val.size(), val.stride() if stride is None else tuple(stride),
+                                                       dtype=val.dtype, device=device)
         else:
             node.meta["val"] = val
     return node
@@ -278,12 +279,4 @@ def _lay_out_host_copies(fw: fx.GraphModule, saved: Sequence[Any], channels_last
         stride = [c * h * w, 1, w * c, c]
         host.args = (host.args[0], host.args[1], stride)
         for node in {host, returned}:
-            _restrided(node, stride)
-
-
-def _restrided(node: fx.Node, stride: Sequence[int]) -> None:
-    """``node``'s fake value with ``stride``."""
-    val = node.meta["val"]
-    mode = getattr(val, "fake_mode", None)
-    with mode if mode is not None else contextlib.nullcontext():
-        node.meta["val"] = torch.empty_strided(val.size(), tuple(stride), dtype=val.dtype, device=val.device)
+            _with_val(node, node, val.device, stride)

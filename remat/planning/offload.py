@@ -255,9 +255,7 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
     for k in sorted(range(len(found)), key=lambda k: out[k].time):  # the fastest first: ``fastest`` falls early
         c, h = found[k], out[k]
         if h.time >= fastest:
-            break  # a rung costs at least its candidate's time: no later ladder can win
-        if fits(h):
-            continue
+            break  # a rung costs at least its candidate's time: no later ladder can win (nor does one that fits)
         g = c.jg or jg
         rungs = _ladder(c, h, g, dev, timelines[id(g)], fits)
         more.append((k, rungs))

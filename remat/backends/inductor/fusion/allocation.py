@@ -222,7 +222,6 @@ def _siblings_fused(groups: list[list[int]], mixed: set[int], reads: dict[int, f
     return [grp for grp in groups if grp]
 
 
-
 def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,
                    rules: FusionRules) -> dict[int, int]:
     """For the nodes of groups that reduce rows too long for a persistent kernel
