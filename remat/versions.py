@@ -401,10 +401,15 @@ HOOKS: dict[str, Hook] = {
         (f"{_INDUCTOR}.lowering",), _BOTH, OnDrift.UNDETECTED,
         "Extern kernels that read a causal mask may each compute it again (time, not memory)."),
     "extern_separated_blocks": Hook(
-        "stage-local fusion only where some block runs no extern kernel (Note [Blocks an extern kernel "
-        "separates])", ("the scheduler's fusion around extern kernels",), (f"{_INDUCTOR}.lowering",), ("2.11",),
+        "stage-local fusion only where some block runs no extern kernel, and for gradient sums that join "
+        "blocks and readers of values several blocks read (Note [Blocks an extern kernel separates], Note "
+        "[Gradient sums that join blocks], Note [Values several blocks read])",
+        ("the scheduler's fusion around extern kernels", "Scheduler.topological_sort_schedule"),
+        (f"{_INDUCTOR}.lowering",), ("2.11", "2.13", "2.14"),
         OnDrift.UNDETECTED, "Steps may be slower than they need to be, or fuse across blocks.",
-        "Measured on an H200 (bf16, benchmarks/variant_probe.py)."),
+        "Boundary fusions measured on an H200 (bf16, benchmarks/variant_probe.py); shared values on CPU (2.13, "
+        "tests/backends/test_shared_values.py) and in the CUDA lowering of 2.14 without a GPU "
+        "(benchmarks/gpu_offline.py, T5)."),
     "kernel_fusion": Hook(
         "how Inductor fuses and allocates the kernels between two extern kernels (Note [Inductor "
         "allocation])",

@@ -195,11 +195,17 @@ def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
         if ir is None:
             continue
         # The fx node whose lowering made this buffer: an inlined expression's origins span
-        # every op folded into it, often several blocks (``ir.Buffer.origin_node``).
+        # every op folded into it, often several blocks (``ir.Buffer.origin_node``). Where that
+        # node has no block, the blocks of the ops folded into it: a softmax whose input adds a
+        # bias several blocks share carries its block through the add (Note [Values several
+        # blocks read] in ``lowering.py``).
         if not hasattr(ir, "origin_node"):
             drift("stage_local_fusion", f"{type(ir).__name__}.origin_node")
         owner = getattr(ir, "origin_node", None)
-        for origin in ([owner] if owner is not None else ir.get_origins()):
+        if owner is not None and owner.meta.get(STAGE_KEY) is not None:
+            out.add(owner.meta[STAGE_KEY])
+            continue
+        for origin in ir.get_origins():
             stage = origin.meta.get(STAGE_KEY)
             if stage is not None:
                 out.add(stage)
@@ -210,8 +216,8 @@ def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
 
 @contextlib.contextmanager
 def stage_local_fusion() -> Iterator[None]:
-    """Inside this context Inductor fuses two kernels only if their ops share a block (fx
-    ``meta[STAGE_KEY]``) or one of them has none. See Note [Stage-local fusion]
+    """Inside this context Inductor fuses two kernels only if their ops together belong to one
+    block at most (fx ``meta[STAGE_KEY]``). See Note [Stage-local fusion]
     below. Uses ``torch._inductor.virtualized.V.set_choices_handler`` and
     ``InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score)``, a documented
     extension point for fusion heuristics (``versions.HOOKS["stage_local_fusion"]``). The current
@@ -228,8 +234,10 @@ def stage_local_fusion() -> Iterator[None]:
 
     class StageLocal(type(inner)):  # type: ignore[misc]
         def can_fuse(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-            a, b = _stages(node1, cache), _stages(node2, cache)
-            if a and b and a.isdisjoint(b):
+            # One block at most between them: a kernel whose ops already span two blocks (an
+            # accumulation of several blocks' gradients, through the blocks of its ops) takes
+            # no more work.
+            if len(_stages(node1, cache) | _stages(node2, cache)) > 1:
                 return False
             return base_can_fuse(scheduler, node1, node2, shared_data_score)
 

@@ -188,7 +188,20 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     The slices of a row-chunked region (Note [Row chunks] in ``remat.analysis.rows``) are always
     kept apart: each runs a matmul, but the sum of their weight-gradient parts is a chain of adds
     that Inductor would fuse into one kernel reading every slice's part, all of them alive until
-    the last slice."""
+    the last slice.
+
+    Note [Gradient sums that join blocks]: the argument above holds for work on the path from one
+    extern kernel to the next, not for work that reaches no extern kernel at all. A value several
+    blocks read (T5's relative position bias, computed once and added to every layer's scores)
+    gets its gradient as a sum of per-block reductions joined by a chain of adds; nothing
+    separates them, so Inductor fused the twelve batch reductions and the adds into one kernel
+    that runs after the last layer's backward. Each reduction had inlined its input (the
+    softmax gradient) and read that input's own inputs, so every layer's attention probabilities
+    and their gradient, 768 MiB a layer, stayed alive until the end of the backward: T5 at
+    ``budget=0.5`` read 10,389 MiB from Inductor's plan against 6,019 predicted (Inductor's CUDA
+    lowering in torch 2.14 without a GPU, bf16, ``benchmarks/gpu_offline.py``), 7,117 with the
+    blocks kept. So the ops that reach no extern kernel keep their blocks where such ops of two
+    or more blocks are connected; every other op fuses freely."""
     blocks = [block_of(n) if n.op == "call_function" else None for n in nodes]
     sliced = {n for n in nodes if chunk_of(n) is not None}
     separated: dict[str, bool] = {}
@@ -196,8 +209,76 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
         if b is not None and n not in sliced:
             separated[b] = separated.get(b, False) or _runs_extern(n)
     if separated and all(separated.values()):
-        return tuple(b if n in sliced else None for n, b in zip(nodes, blocks))
+        of = dict(zip(nodes, blocks))
+        joined = sliced | _joined_tails(nodes, of) | _shared_readers(nodes, of)
+        return tuple(b if n in joined else None for n, b in zip(nodes, blocks))
     return tuple(blocks)
+
+
+def _joined_tails(nodes: list[fx.Node], blocks: dict[fx.Node, str | None]) -> set[fx.Node]:
+    """The ops that reach no extern kernel (``_runs_extern``) and are connected, through such
+    ops, to ops of two or more blocks (Note [Gradient sums that join blocks])."""
+    reaches: set[fx.Node] = set()
+    for n in reversed(nodes):
+        if any(_runs_extern(u) or u in reaches for u in n.users):
+            reaches.add(n)
+    tails = [n for n in nodes if n.op == "call_function" and not _runs_extern(n) and n not in reaches]
+    parent = {n: n for n in tails}
+
+    def find(n: fx.Node) -> fx.Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in tails:
+        for u in n.users:
+            if u in parent:
+                parent[find(u)] = find(n)
+    spans: dict[fx.Node, set[str]] = {}
+    for n in tails:
+        if blocks[n] is not None:
+            spans.setdefault(find(n), set()).add(blocks[n])
+    return {n for n in tails if len(spans.get(find(n), ())) >= 2}
+
+
+def _shared_readers(nodes: list[fx.Node], blocks: dict[fx.Node, str | None]) -> set[fx.Node]:
+    """The fusible ops (not extern kernels, not views) that read a value fusible ops of two or
+    more other blocks read too: a weight several blocks share, or a mask or position table
+    computed once.
+
+    Note [Values several blocks read]: Inductor fuses two kernels that read the same buffer
+    (horizontal fusion) wherever they are in the graph, and a fused kernel runs where its first
+    part was, after everything any part needs. Recomputed softmaxes of several blocks that all
+    add one shared bias read that bias: the C++ backend fused four blocks' recomputed softmaxes
+    into one kernel at the start of the backward, so four blocks' recomputed scores were alive
+    at once (``tests/backends/test_shared_values.py``: 19.8 MiB read against 12.7 simulated;
+    13.9 with the blocks kept). So the readers of such a value keep their blocks; a kernel whose
+    own op has no block takes the blocks of the ops inlined into it (``hooks._stages``), and
+    kernels fuse only within one block (``hooks.stage_local_fusion``). A value read only by the
+    block that computes it and the next (the residual stream at a block boundary) is not shared:
+    those boundary fusions stay (Note [Blocks an extern kernel separates])."""
+    out: set[fx.Node] = set()
+    for v in nodes:
+        readers = [u for u in _fusible_readers(v) if blocks.get(u) is not None]
+        if len({blocks[u] for u in readers} - {blocks.get(v)}) >= 2:
+            out.update(readers)
+    return out
+
+
+def _fusible_readers(node: fx.Node) -> set[fx.Node]:
+    """The ops that read ``node`` directly or through views of it and are not extern kernels."""
+    found: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        for u in todo.pop().users:
+            if u.op != "call_function" or _runs_extern(u):
+                continue
+            if op_facts(u).is_view:
+                todo.append(u)
+            else:
+                found.add(u)
+    return found
 
 
 def index_sources(nodes: list[fx.Node]) -> dict[fx.Node, str]:
