@@ -190,12 +190,12 @@ def lower(g: Any, is_backward: bool) -> Any:
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from remat.backends.inductor.hooks import copies_in_place, stage_local_fusion
+    from remat.backends.inductor.hooks import in_remat_order, stage_local_fusion
     from remat.backends.inductor.wrapper_reading import read_allocations
 
     traces: list[Any] = []
     inputs = [n.meta["val"] for n in g.graph.find_nodes(op="placeholder")]
-    with stage_local_fusion(), copies_in_place(g), read_allocations(traces.append), \
+    with stage_local_fusion(), in_remat_order(), read_allocations(traces.append), \
             inductor_config.patch(emulate_precision_casts=True, **PATCHES):
         compile_fx_inner(g, inputs, is_backward=is_backward, is_inference=False)
     return traces[-1]
@@ -244,9 +244,10 @@ def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str =
 
 
 PATCHES: dict[str, Any] = {}
-"""Inductor config changes for the lowering (a probe: ``REORDER=0`` turns off reorder_for_peak_memory)."""
-if os.environ.get("REORDER") == "0":
-    PATCHES["reorder_for_peak_memory"] = False
+"""Inductor config changes for the lowering (a probe: ``REORDER=1`` turns Inductor's reorder_for_peak_memory
+back on, which remat's compile turns off: Note [remat's order kept])."""
+if os.environ.get("REORDER") == "1":
+    PATCHES["reorder_for_peak_memory"] = True
 RECORDER: Any = None
 """With ``--diff``: ``peak_diff.Recorder``, the simulator's and the reader's records."""
 DIFFS: list[str] = []

@@ -31,7 +31,6 @@ def main(argv=None) -> None:
     settings = {
         "remat eager backend": ("eager", contextlib.nullcontext),
         "remat inductor": ("inductor", contextlib.nullcontext),
-        "remat inductor, no peak reorder": ("inductor", lambda: ic.patch(reorder_for_peak_memory=False)),
         "remat inductor, no locality reorder": ("inductor", lambda: ic.patch(reorder_for_locality=False)),
     }
     for name, (backend, ctx) in settings.items():

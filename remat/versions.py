@@ -342,13 +342,16 @@ HOOKS: dict[str, Hook] = {
         "The line classes and their fields (node, reused_as, delete_old, is_reused, result_name, arg_name) "
         "have the same names and meaning on both; a line of a kind the reader does not know is named in "
         "GraphTrace.unknown."),
-    "offload_order": Hook(
-        "offload copies stay where remat's pass puts them: a graph with them compiles without Inductor's "
-        "peak-memory reordering (Note [Offload copies])",
-        ("torch._inductor.config.reorder_for_peak_memory",), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
-        "Gradients are unaffected, but Inductor may issue the copies back elsewhere (all at the backward's "
-        "start): the offload saves less device memory than predicted.",
-        "Run on 2.13 (tests/capture/test_offload_inductor.py); on 2.11 the setting and the scheduler's call of "
+    "remat_order": Hook(
+        "Inductor keeps the order remat gives the graphs it compiles, offload copies included: compiled without "
+        "Inductor's peak-memory reordering (Note [remat's order kept])",
+        ("torch._inductor.config.reorder_for_peak_memory",), (f"{_INDUCTOR}.hooks",), ("2.11", "2.13", "2.14"),
+        OnDrift.WARN,
+        "Gradients are unaffected, but Inductor may move work away from remat's places (offload copies issued "
+        "back at the backward's start, a layer's inputs converted long before they are read): peaks above "
+        "the predicted ones.",
+        "Run on 2.13 (tests/capture/test_offload_inductor.py) and in 2.14's CUDA lowering without a GPU "
+        "(benchmarks/gpu_offline.py); on 2.11 the setting and the scheduler's call of "
         "memory.reorder_for_peak_memory read in its source, the same."),
     "read_offload_copies": Hook(
         "reading a compiled graph with offload copies: a fallback whose output aliases its input (remat's "

@@ -126,3 +126,30 @@ def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
         kept[name] = len({b for b in blocks if b is not None})
     # pointwise: no extern kernel anywhere, its 8 layers stay apart; every mlp and gpt block runs matmuls.
     assert kept == {"pointwise": 8, "mlp": 0, "gpt": 0}
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_remats_graphs_compile_in_remats_order_and_stock_ones_in_inductors(monkeypatch, stock):
+    # Note [remat's order kept]: Inductor's peak-memory reordering is off while remat's graphs
+    # lower, and on (torch.compile's setting) for torch.compile's own partition.
+    import torch._inductor.compile_fx as cfx
+    import torch._inductor.config as ic
+
+    seen = []
+
+    def inner(graph, *args, **kwargs):
+        seen.append(ic.reorder_for_peak_memory)
+        return lambda *a: graph(*a)
+
+    monkeypatch.setattr(cfx, "compile_fx_inner", inner)
+
+    def fake_compile_fx(gm, example_inputs, inner_compile, config_patches):
+        with ic.patch(**config_patches):
+            return inner_compile(gm, example_inputs, is_backward=False)
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    assert ic.reorder_for_peak_memory  # torch.compile's default
+    hooks.compile_fx(gm, [torch.randn(2)], stock=stock)
+    assert seen == [stock]
+    assert ic.reorder_for_peak_memory

@@ -58,7 +58,7 @@ class InductorBackend(Backend):
         check_torch_version()
         reading = _StepReading(on_peak) if on_peak is not None else None
         with inductor_partitioner(partition):
-            return compile_fx(gm, example_inputs, reading.on_graph if reading else None, keep_casts=not stock)
+            return compile_fx(gm, example_inputs, reading.on_graph if reading else None, stock=stock)
 
 
 class _StepReading:
