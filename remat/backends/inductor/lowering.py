@@ -199,8 +199,8 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     softmax gradient) and read that input's own inputs, so every layer's attention probabilities
     and their gradient, 768 MiB a layer, stayed alive until the end of the backward: T5 at
     ``budget=0.5`` read 10,389 MiB from Inductor's plan against 6,019 predicted (Inductor's CUDA
-    lowering in torch 2.14 without a GPU, bf16, ``benchmarks/gpu_offline.py``), 7,117 with the
-    blocks kept. So the ops that reach no extern kernel keep their blocks where such ops of two
+    lowering without a GPU, bf16, ``benchmarks/gpu_offline.py``; ``versions.HOOKS["extern_separated_blocks"]``),
+    7,117 with the blocks kept. So the ops that reach no extern kernel keep their blocks where such ops of two
     or more blocks are connected; every other op fuses freely."""
     blocks = [block_of(n) if n.op == "call_function" else None for n in nodes]
     sliced = {n for n in nodes if chunk_of(n) is not None}
