@@ -185,20 +185,47 @@ def capture(name: str, pad_mm: bool = False, one_graph: bool = False) -> list[di
     return joints
 
 
-def lower(g: Any, is_backward: bool) -> Any:
-    """Inductor's memory plan of the CUDA graph ``g`` (``wrapper_reading.GraphTrace``)."""
+def lower(g: Any, is_backward: bool, user_outputs: int | None = None) -> tuple[Any, list[Any]]:
+    """Inductor's memory plan of the CUDA graph ``g`` (``wrapper_reading.GraphTrace``) and the
+    strides of its compiled outputs (None where unknown). As ``compile_fx`` does, the outputs the
+    caller sees keep their traced strides (every output of a backward; a forward's first
+    ``user_outputs``) and the rest, saved activations, take the layout Inductor picks."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
     from remat.backends.inductor.hooks import in_remat_order, stage_local_fusion
     from remat.backends.inductor.wrapper_reading import read_allocations
 
+    out = g.graph.find_nodes(op="output")[0]
+    outs = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    out.meta["original_output_strides"] = [getattr(n.meta.get("val"), "stride", lambda: None)()
+                                           if isinstance(n, torch.fx.Node) else None for n in outs]
+    shown = len(outs) if is_backward or user_outputs is None else user_outputs
+    out.meta["user_visible_output_idxs"] = [i for i in range(shown) if isinstance(outs[i], torch.fx.Node)]
     traces: list[Any] = []
     inputs = [n.meta["val"] for n in g.graph.find_nodes(op="placeholder")]
     with stage_local_fusion(), in_remat_order(), read_allocations(traces.append), \
             inductor_config.patch(emulate_precision_casts=True, **PATCHES):
-        compile_fx_inner(g, inputs, is_backward=is_backward, is_inference=False)
-    return traces[-1]
+        compiled = compile_fx_inner(g, inputs, is_backward=is_backward, is_inference=False)
+    strides = [tuple(int(x) for x in st) if st is not None else None
+               for st in (getattr(compiled, "output_strides", None) or [None] * len(outs))]
+    return traces[-1], strides
+
+
+def restride_saved(fw: Any, bw: Any, strides: list[Any]) -> None:
+    """The backward's inputs that the forward saved, with the strides the compiled forward gave them:
+    AOTAutograd restrides them so before it compiles the backward (``graph_compile.py``: "saved
+    activations can have different stride to eager if the compiler does layout optimization")."""
+    from torch._guards import detect_fake_mode
+
+    out = fw.graph.find_nodes(op="output")[0]
+    outs = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    given = {n.name: st for n, st in zip(outs, strides) if isinstance(n, torch.fx.Node) and st is not None}
+    for ph in bw.graph.find_nodes(op="placeholder"):
+        val, st = ph.meta.get("val"), given.get(ph.name)
+        if isinstance(val, torch.Tensor) and st is not None and tuple(val.stride()) != st:
+            with detect_fake_mode([val]):
+                ph.meta["val"] = torch.empty_strided(val.shape, st, dtype=val.dtype, device=val.device)
 
 
 def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str = False) -> dict[str, Any]:
@@ -219,7 +246,9 @@ def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str =
                                   ends_at_break=j["ends_at_break"])
     fw, bw = partition(joint, j["cuda_inputs"], num_fwd_outputs=j["num_fwd_outputs"],
                        static_lifetime_input_indices=j["static"])
-    fw_trace, bw_trace = lower(fw, False), lower(bw, True)
+    fw_trace, strides = lower(fw, False, j["num_fwd_outputs"])
+    restride_saved(fw, bw, strides)
+    bw_trace, _ = lower(bw, True)
     outs, _, _ = graph_io_names(fw)
     _, bw_inputs, scalars = graph_io_names(bw)
     reading = inductor_backend.read_step(fw_trace, bw_trace, outs, bw_inputs, scalars)

@@ -42,7 +42,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.sims: list[tuple[peak.Schedule, set[int], peak.PeakResult]] = []
-        self.origins: dict[str, list[str]] = {}
+        self.origins: dict[int, dict[str, list[str]]] = {}
+        """Per graph trace (by ``id``): each buffer's fx origins (buffer names repeat across graphs)."""
         self.reads: list[tuple[allocations.GraphTrace, allocations.GraphTrace, tuple, allocations.Reading]] = []
         self.compiled: list[plan_data.PlanData] = []
 
@@ -57,10 +58,11 @@ class Recorder:
 
         def traced(graph, lines):
             t = trace_of(graph, lines)
+            names = self.origins.setdefault(id(t), {})
             for e in t.events:
-                if e.name and e.name not in self.origins:
+                if e.name and e.name not in names:
                     try:
-                        self.origins[e.name] = sorted(str(o.name) for o in graph.get_buffer(e.name).get_origins())
+                        names[e.name] = sorted(str(o.name) for o in graph.get_buffer(e.name).get_origins())
                     except Exception:  # an input or a name the graph does not know
                         pass
             return t
@@ -116,6 +118,7 @@ def simulated_report(s: peak.Schedule, saved: set[int], r: peak.PeakResult, top:
 def read_report(rec: Recorder, index: int, loss_in_step: bool, top: int) -> list[str]:
     fw, bw, args, reading = rec.reads[index]
     fw_names, bw_names = args[0], args[1]
+    origins = {"forward": rec.origins.get(id(fw), {}), "backward": rec.origins.get(id(bw), {})}
     keep = not loss_in_step
     chosen = reading.peak(loss_in_step)
     out = [f"READ peak {chosen.peak_bytes / MiB:.3f} MiB at {chosen.at}; forward peak "
@@ -153,15 +156,15 @@ def read_report(rec: Recorder, index: int, loss_in_step: bool, top: int) -> list
         if e.kind in ("alloc", "reuse"):
             src = f" <- {e.other}" if e.kind == "reuse" else ""
             rows.append(f"    {bst.live / MiB:9.3f}  {e.kind} {e.name}{src} {e.nbytes / MiB:.3f}  "
-                        f"{','.join(rec.origins.get(e.name, [])[:4])}")
+                        f"{','.join(origins['backward'].get(e.name, [])[:4])}")
         elif e.kind == "free":
             rows.append(f"    {bst.live / MiB:9.3f}  free {e.name}")
         elif e.nbytes:
             rows.append(f"    {here / MiB:9.3f}  call {e.label} +{e.nbytes / MiB:.3f} scratch")
     out.append(f"  live at the backward's peak ({best[1]}):")
     for k, v in sorted(best[2].items(), key=lambda kv: -kv[1])[:top]:
-        buf = k[1] if isinstance(k, tuple) else k
-        out.append(f"    {v / MiB:9.3f}  {k}  {','.join(rec.origins.get(buf, [])[:4])}")
+        graph, buf = k if isinstance(k, tuple) else ("backward", k)
+        out.append(f"    {v / MiB:9.3f}  {k}  {','.join(origins.get(graph, {}).get(buf, [])[:4])}")
     out.append("  backward, line by line (live MiB after the line):")
     return out + rows
 
