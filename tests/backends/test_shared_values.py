@@ -12,6 +12,7 @@ from remat.analysis.provenance import block_of
 from remat.backends.inductor import hooks, lowering
 
 from ..planning.test_budget import measured_peak
+from .test_stage_fusion import joint_graphs
 
 
 class _Block(nn.Module):
@@ -44,16 +45,7 @@ class SharedBias(nn.Module):
 
 
 def _joint_nodes(monkeypatch) -> list:
-    from remat.capture import partition
-
-    graphs = []
-    original = partition.plan_joint_graph
-
-    def record(gm, *args, **kwargs):
-        graphs.append(gm)
-        return original(gm, *args, **kwargs)
-
-    monkeypatch.setattr(partition, "plan_joint_graph", record)
+    graphs = joint_graphs(monkeypatch)
     torch._dynamo.reset()
     torch.manual_seed(0)
     remat.checkpoint(SharedBias(), backend="eager")(torch.randn(2, 128, 64)).sum().backward()

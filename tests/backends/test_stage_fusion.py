@@ -109,9 +109,11 @@ def test_blocks_separated_by_matmuls_fuse_at_their_boundaries(monkeypatch):
     assert free[0] <= tagged[0] and free[1] < tagged[1], (free, tagged)
 
 
-def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
+def joint_graphs(monkeypatch) -> list:
+    """The joint graphs remat plans from now on (appended as they are captured). Captured
+    uncompiled, for speed, but with Inductor's decompositions: the uncompiled backend keeps GELU
+    whole (Note [Eager GELU]), which Inductor would lower as an extern kernel."""
     from remat.backends.eager import backend as eager
-    from remat.backends.inductor.lowering import fusion_blocks
     from remat.capture import partition
 
     graphs = []
@@ -122,9 +124,14 @@ def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
         return original(gm, *args, **kwargs)
 
     monkeypatch.setattr(partition, "plan_joint_graph", record)
-    # Captured uncompiled, for speed, but with Inductor's decompositions: the uncompiled backend
-    # keeps GELU whole (Note [Eager GELU]), which Inductor would lower as an extern kernel.
     monkeypatch.setattr(eager, "KEPT_WHOLE", frozenset())
+    return graphs
+
+
+def test_fusion_blocks_only_where_no_extern_kernel_separates_them(monkeypatch):
+    from remat.backends.inductor.lowering import fusion_blocks
+
+    graphs = joint_graphs(monkeypatch)
     kept = {}
     for name in ("pointwise", "mlp", "gpt"):
         torch._dynamo.reset()
