@@ -196,8 +196,7 @@ def lower(g: Any, is_backward: bool, user_outputs: int | None = None) -> tuple[A
     from remat.backends.inductor.hooks import in_remat_order, stage_local_fusion
     from remat.backends.inductor.wrapper_reading import read_allocations
 
-    out = g.graph.find_nodes(op="output")[0]
-    outs = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    out, outs = _outputs(g)
     out.meta["original_output_strides"] = [getattr(n.meta.get("val"), "stride", lambda: None)()
                                            if isinstance(n, torch.fx.Node) else None for n in outs]
     shown = len(outs) if is_backward or user_outputs is None else user_outputs
@@ -212,14 +211,19 @@ def lower(g: Any, is_backward: bool, user_outputs: int | None = None) -> tuple[A
     return traces[-1], strides
 
 
+def _outputs(g: Any) -> tuple[Any, list[Any]]:
+    """The output node of graph module ``g`` and the values it returns, in order."""
+    out = g.graph.find_nodes(op="output")[0]
+    return out, list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+
+
 def restride_saved(fw: Any, bw: Any, strides: list[Any]) -> None:
     """The backward's inputs that the forward saved, with the strides the compiled forward gave them:
     AOTAutograd restrides them so before it compiles the backward (``graph_compile.py``: "saved
     activations can have different stride to eager if the compiler does layout optimization")."""
     from torch._guards import detect_fake_mode
 
-    out = fw.graph.find_nodes(op="output")[0]
-    outs = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    _, outs = _outputs(fw)
     given = {n.name: st for n, st in zip(outs, strides) if isinstance(n, torch.fx.Node) and st is not None}
     for ph in bw.graph.find_nodes(op="placeholder"):
         val, st = ph.meta.get("val"), given.get(ph.name)

@@ -64,7 +64,7 @@ def test_shared_bias_gradient_and_readers_keep_their_blocks(monkeypatch):
     assert [blocks[n] for n in sums] == [block_of(n) for n in sums]
     assert len({blocks[n] for n in sums}) == 6
     # Every fusible reader of the bias (the add to each block's scores) keeps its block.
-    readers = lowering._fusible_readers(bias)
+    readers = lowering._fusible_readers(bias, {n for n in nodes if lowering._runs_extern(n)})
     assert len({block_of(n) for n in readers}) == 6
     assert all(blocks[n] == block_of(n) is not None for n in readers)
     # Everything else fuses freely: every block runs matmuls (Note [Blocks an extern kernel separates]).

@@ -146,9 +146,9 @@ def in_remat_order(ordered: bool = True) -> Iterator[None]:
     copy back at the backward's start (the MLP of tests/capture/test_offload_inductor.py, all four
     at once), and it converted twelve T5 layers' saved query/key/value projections to float32 at
     the start of the backward, long before each layer's attention backward reads them (T5 at
-    ``budget=0.5``, Inductor's CUDA lowering without a GPU, ``benchmarks/gpu_offline.py``, on
-    the versions ``versions.HOOKS["remat_order"]`` names: read 7,117 MiB with the reordering, 6,482 without, 6,019
-    simulated). On GPT-2, Llama, ViT-B/16, BERT and ResNet-50 (default plan and ``budget=0.5``)
+    ``budget=0.5``, Inductor's CUDA lowering without a GPU, ``benchmarks/gpu_offline.py``, on the
+    versions ``versions.HOOKS["remat_order"]`` names: read 7,117 MiB with the reordering, 6,482
+    without, 6,019 simulated). On GPT-2, Llama, ViT-B/16, BERT and ResNet-50 (default plan and ``budget=0.5``)
     the reads with and without it were the same to 3.4 MiB. torch.compile's own partition,
     measured as a candidate (``remat.tuning``), compiles with ``ordered=False``: as
     torch.compile would."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -204,25 +205,26 @@ def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:
     or more blocks are connected; every other op fuses freely."""
     blocks = [block_of(n) if n.op == "call_function" else None for n in nodes]
     sliced = {n for n in nodes if chunk_of(n) is not None}
+    extern = {n for n in nodes if _runs_extern(n)}
     separated: dict[str, bool] = {}
     for n, b in zip(nodes, blocks):
         if b is not None and n not in sliced:
-            separated[b] = separated.get(b, False) or _runs_extern(n)
+            separated[b] = separated.get(b, False) or n in extern
     if separated and all(separated.values()):
         of = dict(zip(nodes, blocks))
-        joined = sliced | _joined_tails(nodes, of) | _shared_readers(nodes, of)
+        joined = sliced | _joined_tails(nodes, of, extern) | _shared_readers(nodes, of, extern)
         return tuple(b if n in joined else None for n, b in zip(nodes, blocks))
     return tuple(blocks)
 
 
-def _joined_tails(nodes: list[fx.Node], blocks: dict[fx.Node, str | None]) -> set[fx.Node]:
-    """The ops that reach no extern kernel (``_runs_extern``) and are connected, through such
-    ops, to ops of two or more blocks (Note [Gradient sums that join blocks])."""
+def _joined_tails(nodes: list[fx.Node], blocks: dict[fx.Node, str | None], extern: set[fx.Node]) -> set[fx.Node]:
+    """The ops that reach no extern kernel (``extern``: ``_runs_extern``) and are connected,
+    through such ops, to ops of two or more blocks (Note [Gradient sums that join blocks])."""
     reaches: set[fx.Node] = set()
     for n in reversed(nodes):
-        if any(_runs_extern(u) or u in reaches for u in n.users):
+        if any(u in extern or u in reaches for u in n.users):
             reaches.add(n)
-    tails = [n for n in nodes if n.op == "call_function" and not _runs_extern(n) and n not in reaches]
+    tails = [n for n in nodes if n.op == "call_function" and n not in extern and n not in reaches]
     parent = {n: n for n in tails}
 
     def find(n: fx.Node) -> fx.Node:
@@ -242,7 +244,7 @@ def _joined_tails(nodes: list[fx.Node], blocks: dict[fx.Node, str | None]) -> se
     return {n for n in tails if len(spans.get(find(n), ())) >= 2}
 
 
-def _shared_readers(nodes: list[fx.Node], blocks: dict[fx.Node, str | None]) -> set[fx.Node]:
+def _shared_readers(nodes: list[fx.Node], blocks: dict[fx.Node, str | None], extern: set[fx.Node]) -> set[fx.Node]:
     """The fusible ops (not extern kernels, not views) that read a value fusible ops of two or
     more other blocks read too: a weight several blocks share, or a mask or position table
     computed once.
@@ -260,21 +262,27 @@ def _shared_readers(nodes: list[fx.Node], blocks: dict[fx.Node, str | None]) -> 
     those boundary fusions stay (Note [Blocks an extern kernel separates])."""
     out: set[fx.Node] = set()
     for v in nodes:
-        readers = [u for u in _fusible_readers(v) if blocks.get(u) is not None]
+        readers = [u for u in _fusible_readers(v, extern) if blocks.get(u) is not None]
         if len({blocks[u] for u in readers} - {blocks.get(v)}) >= 2:
             out.update(readers)
     return out
 
 
-def _fusible_readers(node: fx.Node) -> set[fx.Node]:
+def _fusible_readers(node: fx.Node, extern: set[fx.Node]) -> set[fx.Node]:
     """The ops that read ``node`` directly or through views of it and are not extern kernels."""
+    def fusible(u: fx.Node) -> bool:
+        return u.op == "call_function" and u not in extern
+
+    return {u for u in _readers_through_views(node, lambda u: fusible(u) and op_facts(u).is_view) if fusible(u)}
+
+
+def _readers_through_views(node: fx.Node, is_view: Callable[[fx.Node], bool]) -> set[fx.Node]:
+    """The nodes that read ``node`` directly or through views of it (``is_view``), views excluded."""
     found: set[fx.Node] = set()
     todo = [node]
     while todo:
         for u in todo.pop().users:
-            if u.op != "call_function" or _runs_extern(u):
-                continue
-            if op_facts(u).is_view:
+            if is_view(u):
                 todo.append(u)
             else:
                 found.add(u)
@@ -325,13 +333,4 @@ def _is_scalar(node: fx.Node) -> bool:
 
 def _extern_readers(node: fx.Node, kinds: dict[fx.Node, Kind]) -> set[fx.Node]:
     """The extern kernels that read ``node`` directly or through views of it."""
-    found: set[fx.Node] = set()
-    todo = [node]
-    while todo:
-        for u in todo.pop().users:
-            k = kinds.get(u)
-            if k is Kind.EXTERN:
-                found.add(u)
-            elif k is Kind.VIEW:
-                todo.append(u)
-    return found
+    return {u for u in _readers_through_views(node, lambda u: kinds.get(u) is Kind.VIEW) if kinds.get(u) is Kind.EXTERN}
