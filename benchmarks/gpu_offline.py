@@ -232,7 +232,7 @@ def restride_saved(fw: Any, bw: Any, strides: list[Any]) -> None:
                 ph.meta["val"] = torch.empty_strided(val.shape, st, dtype=val.dtype, device=val.device)
 
 
-def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str = False) -> dict[str, Any]:
+def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool | str = False) -> dict[str, Any]:
     """remat's plan of one CUDA joint graph under ``budget`` and the peak read from Inductor's
     CUDA memory plan of its forward and backward."""
     from remat.backends.inductor import backend as inductor_backend
@@ -268,6 +268,7 @@ def plan_and_read(j: dict[str, Any], budget: float | None, offload: bool | str =
         if sims:
             lines += peak_diff.simulated_report(*sims[-1], 30)
         lines += peak_diff.read_report(RECORDER, len(RECORDER.reads) - 1, dropped, 30)
+        lines += peak_diff.boundary_report(sims[-1] if sims else None, RECORDER, len(RECORDER.reads) - 1, 40)
         DIFFS.append("\n".join(lines))
         RECORDER.sims.clear()
     return {"budget": budget, "simulated": plan.simulated_peak_bytes, "read": peak.peak_bytes,
@@ -287,7 +288,7 @@ DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
 
 
-def run(name: str, budgets: list[float | None], pad_mm: bool = False, one_graph: bool = False,
+def run(name: str, budgets: list[float | str | None], pad_mm: bool = False, one_graph: bool = False,
         offload: bool | str = False) -> list[dict[str, Any]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -338,7 +339,7 @@ def main() -> None:
     if a.diff:
         RECORDER = peak_diff.Recorder()
         RECORDER.install()
-    budgets = [None if b == "none" else float(b) for b in a.budgets]
+    budgets = [peak_diff.budget_arg(b) for b in a.budgets]
     if a.offload != "false":  # the H100's pinned host link as measured there (real-models-h100-08-llama.json)
         from remat.core.offload import Link
         from remat.planning import offload

@@ -2,6 +2,7 @@
 and lists what is live at its peak, each block with the line of generated code that made it.
 
     TORCH_LOGS=output_code python benchmarks/mem_trace.py --workload gpt --budget 0.25 --out out/
+    python benchmarks/mem_trace.py --model llama --budget 0.3 --out $OUT   # a suite model (zoo), bf16
 
 For one workload and budget (``None``: the default plan) it compiles ``remat.checkpoint`` with
 the Inductor backend, runs one step to compile, then records ``out = f(x); out.backward(g)``
@@ -29,6 +30,7 @@ import torch
 import remat
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+import zoo  # noqa: E402
 from zoo import workloads  # noqa: E402
 
 
@@ -63,31 +65,44 @@ def peak_blocks(snapshot: dict) -> tuple[int, list[tuple[int, tuple[str, int, st
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", required=True, choices=workloads.WORKLOADS)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--workload", choices=workloads.WORKLOADS)
+    which.add_argument("--model", choices=zoo.SUITE, help="a suite model, its loss and inputs as real_models runs it")
     parser.add_argument("--budget", type=float, default=None)
     parser.add_argument("--size", default="full")
+    parser.add_argument("--dropout", action="store_true", help="with --model: keep its dropout (default: off)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     a = parser.parse_args(argv)
-    model, x = workloads.build(a.workload, a.size, dtype=torch.bfloat16, device="cuda")
-    fn = remat.checkpoint(copy.deepcopy(model), backend="inductor", budget=a.budget)
-    out = fn(x)
-    out.backward(torch.ones_like(out))
-    del out
+    if a.model:
+        wl = zoo.build(a.model, tiny=False, device="cuda", dtype=torch.bfloat16, no_dropout=not a.dropout)
+        fn = remat.checkpoint(copy.deepcopy(wl.model), backend="inductor", budget=a.budget)
+
+        def step() -> None:
+            wl.loss(fn, wl.inputs).backward()
+        name = a.model
+    else:
+        model, x = workloads.build(a.workload, a.size, dtype=torch.bfloat16, device="cuda")
+        fn = remat.checkpoint(copy.deepcopy(model), backend="inductor", budget=a.budget)
+
+        def step() -> None:
+            out = fn(x)
+            out.backward(torch.randn_like(out))
+        name = a.workload
+    step()
     for p in fn.parameters():
         p.grad = None
-    x.grad = None
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-    out = fn(x)
-    out.backward(torch.randn_like(out))
-    del out
+    step()
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     peak, blocks, at = peak_blocks(snap)
     plans = remat.compiled_plans(fn)
-    lines = [f"{a.workload} budget={a.budget}: measured peak of the step {peak / 2**20:.1f} MiB (event {at}), "
-             f"predicted {sum(p.predicted_peak_bytes for p in plans) / 2**20:.1f} MiB"]
+    lines = [f"{name} budget={a.budget}: measured peak of the step {peak / 2**20:.1f} MiB (event {at}), "
+             f"predicted {sum(p.predicted_peak_bytes for p in plans) / 2**20:.1f} MiB, "
+             f"simulated {sum(p.simulated_peak_bytes for p in plans) / 2**20:.1f} MiB, "
+             f"read {sum(p.compiled_peak_bytes for p in plans) / 2**20:.1f} MiB"]
     files = set()
     for size, (fname, line, name) in sorted(blocks, key=lambda b: -b[0]):
         files.add(fname)
@@ -96,9 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines)
     print(text)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"trace-{a.workload}.txt"), "w") as f:
+    with open(os.path.join(a.out, f"trace-{name}.txt"), "w") as f:
         f.write(text + "\n")
-    with tarfile.open(os.path.join(a.out, f"code-{a.workload}.tar.gz"), "w:gz") as tar:
+    with tarfile.open(os.path.join(a.out, f"code-{name}.tar.gz"), "w:gz") as tar:
         for fname in sorted(files):
             if os.path.isfile(fname) and "/torch/" not in fname:
                 data = open(fname, "rb").read()

@@ -169,6 +169,39 @@ def read_report(rec: Recorder, index: int, loss_in_step: bool, top: int) -> list
     return out + rows
 
 
+def boundary_report(sim: tuple | None, rec: Recorder, index: int, top: int) -> list[str]:
+    """What crosses the forward/backward boundary on each side: the simulator's saved values and the
+    buffers the compiled forward hands the backward (by fx name), the names only one side has and
+    the names whose bytes differ, largest first."""
+    fw, _, args, _ = rec.reads[index]
+    fw_names, bw_names = args[0], args[1]
+    st = allocations._State()
+    for n, _ in fw.inputs:
+        st.bind(n, ("input", n))
+    allocations.replay(fw.events, st, "forward")
+    by_fx = {f: st.names[b] for f, b in zip(fw_names, fw.outputs) if f and b and b in st.names}
+    read = {n: st.sizes.get(by_fx[n], 0) for n in bw_names if n in by_fx}
+    if sim is None:
+        return []
+    s, saved, _ = sim
+    simulated = {(s.names[v] if s.names else str(v)): s.nbytes[v] for v in saved}
+    rows = []
+    for n in set(read) | set(simulated):
+        a, b = simulated.get(n), read.get(n)
+        if a != b:
+            rows.append((max(a or 0, b or 0), n, a, b))
+    bufs = {by_fx[n] for n in read}
+    out = [f"BOUNDARY: simulated saves {len(simulated)} values, {sum(simulated.values()) / MiB:.3f} MiB; "
+           f"the compiled forward hands the backward {len(read)} names, {sum(read.values()) / MiB:.3f} MiB "
+           f"({len(bufs)} buffers, {sum(st.sizes.get(k, 0) for k in bufs) / MiB:.3f} MiB)",
+           "  names that differ (simulated MiB, read MiB; - where a side lacks the name):"]
+    for _, n, a, b in sorted(rows, reverse=True)[:top]:
+        fa = "-" if a is None else f"{a / MiB:.3f}"
+        fb = "-" if b is None else f"{b / MiB:.3f}"
+        out.append(f"    {fa:>10} {fb:>10}  {n}")
+    return out
+
+
 def budget_arg(text: str) -> float | str | None:
     """A budget as the command line gives it: ``none``, a fraction (``0.3``), or bytes (``3.6GiB``)."""
     if text == "none":

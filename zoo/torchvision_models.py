@@ -51,10 +51,13 @@ def swin(tiny, device, gen, no_dropout, batch, config) -> Workload:
     import torchvision.models as tvm
     from torchvision.models.swin_transformer import SwinTransformer
 
-    kw = {"stochastic_depth_prob": 0.0} if no_dropout else {}
-    kw.update(config or {})
+    kw = dict(config or {})
     model = (SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
                              num_classes=10, **kw) if tiny else tvm.swin_t(weights=None, **kw))
+    if no_dropout:  # swin_t passes its own stochastic_depth_prob, so a second one is refused
+        for m in model.modules():
+            if type(m).__name__ == "StochasticDepth":
+                m.p = 0.0
     dropout = max(getattr(m, "p", 0.0) for m in model.modules() if type(m).__name__ == "StochasticDepth")
     return images(model, _size(tiny, batch), 10 if tiny else 1000, gen, device, ckpt=FeaturesCheckpointed,
                   library=_lib(), dropout=dropout)

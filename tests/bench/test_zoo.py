@@ -72,3 +72,20 @@ def test_tiny_model_trains_under_remat_as_under_eager_autograd(name):
         torch.testing.assert_close(a, b, **tol, msg=lambda m, k=k: f"{name} buffer {k}: {m}")
     plans = remat.compiled_plans(wrapped)
     assert plans and all(p.fallback is None for p in plans)
+
+
+@pytest.mark.parametrize("name", zoo.SUITE)
+def test_no_dropout_turns_every_dropout_and_stochastic_depth_off(name):
+    pytest.importorskip(zoo.MODELS[name].library)
+    wl = zoo.build(name, tiny=True, device="cpu", dtype=torch.float32, no_dropout=True)
+    probs = [(n, getattr(m, "p", getattr(m, "drop_prob", None))) for n, m in wl.model.named_modules()
+             if type(m).__name__ in ("Dropout", "StochasticDepth", "DropPath")]
+    assert all(p == 0.0 for _, p in probs), (name, [x for x in probs if x[1] != 0.0])
+
+
+def test_full_size_swin_builds_without_stochastic_depth():
+    # torchvision's swin_t names its own stochastic depth, so the zoo may not pass a second one
+    pytest.importorskip("torchvision")
+    wl = zoo.build("swin", tiny=False, device="cpu", dtype=torch.float32, no_dropout=True)
+    depths = [m.p for m in wl.model.modules() if type(m).__name__ == "StochasticDepth"]
+    assert depths and all(p == 0.0 for p in depths)
