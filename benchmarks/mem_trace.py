@@ -27,9 +27,8 @@ import tarfile
 
 import torch
 
-import remat
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `zoo`
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `remat`, `zoo`
+import remat  # noqa: E402
 import zoo  # noqa: E402
 from zoo import workloads  # noqa: E402
 

@@ -375,6 +375,22 @@ HOOKS: dict[str, Hook] = {
         "memory, before the forward returns it; its copy back then refuses it (RuntimeError) on CUDA.",
         "Run on 2.13 and 2.14.1 (tests/capture/test_offload_inductor.py); on 2.11 both read in its source "
         "(graph.py: a static method of the graph module and a method reading self.module), the same."),
+    "recomputed_layout": Hook(
+        "a value Inductor lays out channels-last but pins to its traced strides (a value of several readers, one "
+        "of them a convolution_backward or a matmul: GraphLowering.run_node's need_fixed_layout) is read through "
+        "a channels-last clone in the backward remat hands it, so that it is stored once (Note [Recomputed "
+        "values in the forward's layout])",
+        ("torch._inductor.graph.GraphLowering.run_node",
+         "torch._inductor.graph.GraphLowering.decide_layout_opt",
+         "torch._inductor.graph.GraphLowering.find_nodes_prefer_channels_last", "torch.ops.aten._int_mm",
+         "torch.Tensor._is_view"),
+        (f"{_INDUCTOR}.hooks",), ("2.11", "2.13", "2.14"), OnDrift.WARN,
+        "Gradients are unaffected; a recomputed value of a convolutional network may be stored once per "
+        "layout its readers want (ResNet-50 at budget=0.5: 367 MiB above the plan in Inductor's CUDA memory "
+        "plan), or the clone may cost a copy of its own.",
+        "Run on 2.13 (tests/backends/test_recomputed_layout.py) and in 2.14's CUDA lowering without a GPU "
+        "(benchmarks/gpu_offline.py); on 2.11 run_node's need_fixed_layout list (convolution_backward, mm, "
+        "_int_mm) and its pinning to the fx strides read in its source, the same."),
     # --- Inductor: behaviour the peak model copies (remat.backends.inductor) -----------------------
     "realization": Hook(
         "which pointwise values Inductor stores rather than inlines (Note [Inductor realization])",

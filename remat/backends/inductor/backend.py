@@ -15,7 +15,7 @@ from ...versions import check_torch_version, drift
 from ..aten_scratch import scratch_bytes
 from ..base import Backend
 from . import fusion
-from .hooks import channels_last_nodes, compile_fx, inductor_partitioner, tag_stages
+from .hooks import channels_last_nodes, compile_fx, inductor_partitioner, recomputed_in_forward_layout, tag_stages
 from .kernel_model import KernelModel
 from .lowering import index_sources, node_lowerings
 
@@ -46,6 +46,7 @@ class InductorBackend(Backend):
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)
+        recomputed_in_forward_layout(backward)
 
     def channels_last(self, forward: fx.GraphModule) -> frozenset[str]:
         return channels_last_nodes(forward)
