@@ -185,7 +185,7 @@ def capture(name: str, pad_mm: bool = False, one_graph: bool = False) -> list[di
     return joints
 
 
-def lower(g: Any, is_backward: bool, user_outputs: int | None = None) -> tuple[Any, list[Any]]:
+def lower(g: Any, is_backward: bool, user_outputs: int | None = None, stock: bool = False) -> tuple[Any, list[Any]]:
     """Inductor's memory plan of the CUDA graph ``g`` (``wrapper_reading.GraphTrace``) and the
     strides of its compiled outputs (None where unknown). As ``compile_fx`` does, the outputs the
     caller sees keep their traced strides (every output of a backward; a forward's first
@@ -203,8 +203,9 @@ def lower(g: Any, is_backward: bool, user_outputs: int | None = None) -> tuple[A
     out.meta["user_visible_output_idxs"] = [i for i in range(shown) if isinstance(outs[i], torch.fx.Node)]
     traces: list[Any] = []
     inputs = [n.meta["val"] for n in g.graph.find_nodes(op="placeholder")]
-    with stage_local_fusion(), in_remat_order(), read_allocations(traces.append), \
-            inductor_config.patch(emulate_precision_casts=True, **PATCHES):
+    casts = {} if stock else {"emulate_precision_casts": True}  # as remat's compile_fx
+    with stage_local_fusion(), in_remat_order(not stock), read_allocations(traces.append), \
+            inductor_config.patch(**casts, **PATCHES):
         compiled = compile_fx_inner(g, inputs, is_backward=is_backward, is_inference=False)
     strides = [tuple(int(x) for x in st) if st is not None else None
                for st in (getattr(compiled, "output_strides", None) or [None] * len(outs))]
@@ -240,19 +241,20 @@ def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool |
     from remat.backends.inductor.hooks import graph_io_names
     from remat.backends.registry import backend_for
     from remat.capture.graph_copy import copy_graph
-    from remat.capture.partition import make_partition_fn
+    from remat.capture.partition import make_partition_fn, make_stock_partition_fn
     from remat.options import Options
 
     plans: list[Any] = []
     joint = copy_graph(j["joint"]) or j["joint"]
-    partition = make_partition_fn(Options(backend="inductor", budget=budget, strict=True, offload=offload),
-                                  lambda p, f: plans.append(p), InductorBackend(), backend_for("eager"),
-                                  ends_at_break=j["ends_at_break"])
+    make = make_stock_partition_fn if STOCK else make_partition_fn
+    partition = make(Options(backend="inductor", budget=budget, strict=True, offload=offload),
+                     lambda p, f: plans.append(p), InductorBackend(), backend_for("eager"),
+                     ends_at_break=j["ends_at_break"])
     fw, bw = partition(joint, j["cuda_inputs"], num_fwd_outputs=j["num_fwd_outputs"],
                        static_lifetime_input_indices=j["static"])
-    fw_trace, strides = lower(fw, False, j["num_fwd_outputs"])
+    fw_trace, strides = lower(fw, False, j["num_fwd_outputs"], stock=STOCK)
     restride_saved(fw, bw, strides)
-    bw_trace, _ = lower(bw, True)
+    bw_trace, _ = lower(bw, True, stock=STOCK)
     outs, _, _ = graph_io_names(fw)
     _, bw_inputs, scalars = graph_io_names(bw)
     reading = inductor_backend.read_step(fw_trace, bw_trace, outs, bw_inputs, scalars)
@@ -283,6 +285,9 @@ back on, which remat's compile turns off: Note [remat's order kept])."""
 if os.environ.get("REORDER") == "1":
     PATCHES["reorder_for_peak_memory"] = True
 RECORDER: Any = None
+STOCK = False
+"""With ``--stock``: torch.compile's own partition (``make_stock_partition_fn``), compiled as remat compiles that
+candidate (Inductor's order and precision), instead of remat's plan; the budget then only sizes nothing."""
 """With ``--diff``: ``peak_diff.Recorder``, the simulator's and the reader's records."""
 DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
@@ -333,9 +338,11 @@ def main() -> None:
     ap.add_argument("--offload", default="false", choices=["false", "auto", "all"], help="remat's offload option")
     ap.add_argument("--one-graph", action="store_true",
                     help="logger calls do not split the graph, as under a budget (HF GPT-2's loss in its graph)")
+    ap.add_argument("--stock", action="store_true", help="torch.compile's own partition, as remat measures it")
     ap.add_argument("--diff", action="store_true", help="write peak_diff's live sets of each row to --out")
     a = ap.parse_args()
-    global RECORDER
+    global RECORDER, STOCK
+    STOCK = a.stock
     if a.diff:
         RECORDER = peak_diff.Recorder()
         RECORDER.install()
