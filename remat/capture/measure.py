@@ -15,6 +15,18 @@ and every later call runs the winner directly. A step whose backward never runs 
 
 The decision is made at the start of the call after the last sample, when the events of every
 measured step have been recorded: reading them waits for the GPU once.
+
+Note [Windows a tuning graph runs inside]
+Under a budget on CUDA each timed step's peak is measured too, over a window from the graph's
+call to the end of its backward, and a graph the step runs after it falls inside that window
+(Note [Measured budget peak]). While that later graph still measures its own candidates, the
+window holds whichever of them ran: T5's first graph (of four, budget 0.75, H100) measured its
+chosen plan at 13,352 MiB on steps where the third graph ran torch.compile's partition, 747 MiB
+above the third graph's winner, and the step measured 12,603 once every graph had chosen. So a
+step during which another undecided graph (or this one again) ran is *mixed*: its time is a
+sample, its peak is used only when a candidate has no clean one. A graph keeps measuring until
+each candidate has a clean peak, which comes once the graphs inside its window have chosen,
+or until a candidate has run ``PATIENCE`` times its samples (a graph inside that never decides).
 """
 
 from __future__ import annotations
@@ -30,7 +42,15 @@ from .. import compat
 from ..core.selection import Measured, Selection, select
 from .allocator import warn_retries
 
-__all__ = ["Timer", "WallTimer", "CudaTimer", "TunedGraph", "timer_for"]
+__all__ = ["Timer", "WallTimer", "CudaTimer", "TunedGraph", "timer_for", "PATIENCE"]
+
+PATIENCE = 4
+"""Timed steps per sample a candidate runs, at most, waiting for a clean peak (Note [Windows a
+tuning graph runs inside])."""
+
+_OPEN: list[Any] = []
+"""The timed steps, of every ``TunedGraph``, whose peak window is open: their graph was called and
+its backward has not ended (Note [Windows a tuning graph runs inside])."""
 
 
 class Timer(Protocol):
@@ -79,6 +99,8 @@ class _Step:
     """Under a budget on CUDA: the step's peak window (``remat.capture.budget_guard``)."""
     peak: int | None = None
     """The peak measured over it, once its backward ended."""
+    mixed: bool = False
+    """Whether an undecided graph ran inside its window (Note [Windows a tuning graph runs inside])."""
 
 
 @dataclass
@@ -125,18 +147,26 @@ class TunedGraph:
         cand = self._candidates[self._next]
         self._next = (self._next + 1) % len(self._candidates)
         cand.calls += 1
+        for s in _OPEN:  # this graph has not chosen: the windows it runs inside are mixed
+            s.mixed = True
         window = self._meter.open() if self._meter is not None and cand.calls > 1 else None
         start = self._timer.mark()
         out = cand.run(*args)
         step = _Step((start, self._timer.mark()), window=window)
         if cand.calls > 1 and self._hook_backward(out, step):
             cand.steps.append(step)
+            if window is not None:
+                _OPEN.append(step)
         elif window is not None:
             self._meter.close(window)
         return out
 
     def _measured(self) -> bool:
-        return all(sum(s.bwd_end is not None for s in c.steps) >= self._samples for c in self._candidates)
+        timed = all(sum(s.bwd_end is not None for s in c.steps) >= self._samples for c in self._candidates)
+        if not timed or self._meter is None:
+            return timed
+        return all(any(s.peak is not None and not s.mixed for s in c.steps) or len(c.steps) >= PATIENCE * self._samples
+                   for c in self._candidates)
 
     def _hook_backward(self, out: Any, step: _Step) -> bool:
         node = _compiled_node(out)
@@ -154,6 +184,7 @@ class TunedGraph:
                 if step.window is not None:
                     window, step.window = step.window, None
                     step.peak = self._meter.close(window)
+                    _forget(step)
                     warn_retries(self._meter.retries(window), step.peak, None)  # Note [Allocator retries at the limit]
 
         node.register_prehook(before)
@@ -165,13 +196,15 @@ class TunedGraph:
         for c in self._candidates:
             done = [s for s in c.steps if s.bwd_end is not None][: self._samples]
             seconds = tuple(self._timer.seconds(*s.fwd) + self._timer.seconds(s.bwd_start, s.bwd_end) for s in done)
-            peaks = [s.peak for s in done if s.peak is not None]
+            clean = [s.peak for s in c.steps if s.peak is not None and not s.mixed]
+            peaks = clean or [s.peak for s in c.steps if s.peak is not None]
             measured.append(Measured(c.name, seconds, max(peaks) if peaks else c.peak_bytes()))
         for c in self._candidates:  # windows of forwards whose backward never ran
             for s in c.steps:
                 if s.window is not None:
                     self._meter.close(s.window)
                     s.window = None
+                    _forget(s)
         keep = [i for i, m in enumerate(measured) if self._allowed is None or self._allowed(m.peak_bytes)]
         if not keep:  # on_decided raises: the budget is not kept by any candidate
             self._on_decided(-1, Selection(-1, -1, self._tolerance, "every candidate measured over the budget",
@@ -185,6 +218,14 @@ class TunedGraph:
         for c in self._candidates:  # the losers' compiled code and the steps' events go
             c.run, c.steps = None, []
         self._on_decided(k, self.selection)
+
+
+def _forget(step: _Step) -> None:
+    """``step``'s window is closed: no later call runs inside it."""
+    for i, s in enumerate(_OPEN):
+        if s is step:
+            del _OPEN[i]
+            return
 
 
 _VIEW_NODES = ("View", "Alias", "AsStrided", "Transpose", "Permute", "Expand", "Select", "Slice", "Squeeze",

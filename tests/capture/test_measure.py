@@ -92,3 +92,82 @@ def test_the_compiled_node_is_found_through_views_only():
     assert _compiled_node(y.view(2, 2).t()) is y.grad_fn
     assert _compiled_node(y * 3) is None  # another op: could be an earlier graph's output
     assert _compiled_node(torch.ones(2)) is None
+
+
+class Meter:
+    """A fake allocator: candidates allocate in their forward and free in their backward; windows
+    nest (``remat.capture.budget_guard.Meter``)."""
+
+    def __init__(self):
+        self.live, self.windows = 0, []
+
+    def add(self, n):
+        self.live += n
+        for w in self.windows:
+            w["peak"] = max(w["peak"], self.live)
+
+    def open(self):
+        w = {"start": self.live, "peak": self.live}
+        self.windows.append(w)
+        return w
+
+    def close(self, w):
+        self.windows.remove(w)
+        return w["peak"] - w["start"]
+
+    def retries(self, w):
+        return 0
+
+
+def holding(meter, nbytes):
+    """A candidate that holds ``nbytes`` from its forward to its backward."""
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            meter.add(nbytes)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            meter.add(-nbytes)
+            return g * 2
+
+    return CompiledFunction.apply
+
+
+def test_a_graph_measures_its_peak_once_the_graphs_inside_its_window_have_chosen():
+    # The step runs graph A, then graph B on A's output; B's backward runs inside A's window.
+    # B's candidates take the same time, "big" holds 100 bytes more: B keeps "small". A's peak is
+    # its own 1,000 bytes plus B's winner, never B's losing candidate.
+    clock, meter = Clock(), Meter()
+    chosen = {}
+    a = TunedGraph([("a1", holding(meter, 1000), lambda: 0), ("a2", holding(meter, 1000), lambda: 0)], clock,
+                   samples=2, tolerance=0.02, on_decided=lambda k, s: chosen.setdefault("a", s), meter=meter)
+    b = TunedGraph([("big", holding(meter, 110), lambda: 0), ("small", holding(meter, 10), lambda: 0)], clock,
+                   samples=2, tolerance=0.02, on_decided=lambda k, s: chosen.setdefault("b", s), meter=meter)
+    for _ in range(40):
+        x = torch.ones(3, requires_grad=True)
+        b(a(x)).sum().backward()
+        if len(chosen) == 2:
+            break
+    assert chosen["b"].measured[chosen["b"].index].name == "small"
+    assert [m.peak_bytes for m in chosen["b"].measured] == [110, 10]
+    assert [m.peak_bytes for m in chosen["a"].measured] == [1010, 1010]  # a mixed step would read 1,110
+
+
+def test_a_graph_whose_inner_graph_never_chooses_still_decides():
+    import remat.capture.measure as measure
+
+    clock, meter, chosen = Clock(), Meter(), []
+    a = TunedGraph([("a1", holding(meter, 1000), lambda: 0), ("a2", holding(meter, 1000), lambda: 0)], clock,
+                   samples=2, tolerance=0.02, on_decided=lambda k, s: chosen.append(s), meter=meter)
+    b = TunedGraph([("b1", holding(meter, 110), lambda: 0), ("b2", holding(meter, 10), lambda: 0)], clock,
+                   samples=1000, tolerance=0.02, on_decided=lambda k, s: None, meter=meter)
+    steps = 0
+    while not chosen and steps < 100:
+        x = torch.ones(3, requires_grad=True)
+        b(a(x)).sum().backward()
+        steps += 1
+    assert chosen and steps <= 2 * (measure.PATIENCE * 2 + 1) + 1
+    assert max(m.peak_bytes for m in chosen[0].measured) == 1110  # mixed peaks, the only ones it had
