@@ -20,9 +20,10 @@ Note [Windows a tuning graph runs inside]
 Under a budget on CUDA each timed step's peak is measured too, over a window from the graph's
 call to the end of its backward, and a graph the step runs after it falls inside that window
 (Note [Measured budget peak]). While that later graph still measures its own candidates, the
-window holds whichever of them ran: T5's first graph (of four, budget 0.75, H100) measured its
-chosen plan at 13,352 MiB on steps where the third graph ran torch.compile's partition, 747 MiB
-above the third graph's winner, and the step measured 12,603 once every graph had chosen. So a
+window holds whichever of them ran. T5's first graph (of four, budget 0.75, H100) measured its
+chosen plan at 13,352 MiB, and the step measured 12,603 once every graph had chosen: 749 MiB less,
+about the 747 MiB by which the third graph's losing candidate (torch.compile's partition) measured
+above its winner (an inference from the two tables, not a trace). So a
 step during which another undecided graph (or this one again) ran is *mixed*: its time is a
 sample, its peak is used only when a candidate has no clean one. A graph keeps measuring until
 each candidate has a clean peak, which comes once the graphs inside its window have chosen,
