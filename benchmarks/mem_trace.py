@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> None:
              f"simulated {sum(p.simulated_peak_bytes for p in plans) / 2**20:.1f} MiB, "
              f"read {sum(p.compiled_peak_bytes for p in plans) / 2**20:.1f} MiB"]
     files = set()
-    for size, (fname, line, name) in sorted(blocks, key=lambda b: -b[0]):
+    for size, (fname, line, func) in sorted(blocks, key=lambda b: -b[0]):
         files.add(fname)
         src = linecache.getline(fname, line).strip()
-        lines.append(f"{size / 2**20:10.2f} MiB  {os.path.basename(fname)}:{line} {name}: {src[:140]}")
+        lines.append(f"{size / 2**20:10.2f} MiB  {os.path.basename(fname)}:{line} {func}: {src[:140]}")
     text = "\n".join(lines)
     print(text)
     os.makedirs(a.out, exist_ok=True)
