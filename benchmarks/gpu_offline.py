@@ -285,10 +285,10 @@ back on, which remat's compile turns off: Note [remat's order kept])."""
 if os.environ.get("REORDER") == "1":
     PATCHES["reorder_for_peak_memory"] = True
 RECORDER: Any = None
+"""With ``--diff``: ``peak_diff.Recorder``, the simulator's and the reader's records."""
 STOCK = False
 """With ``--stock``: torch.compile's own partition (``make_stock_partition_fn``), compiled as remat compiles that
-candidate (Inductor's order and precision), instead of remat's plan; the budget then only sizes nothing."""
-"""With ``--diff``: ``peak_diff.Recorder``, the simulator's and the reader's records."""
+candidate (Inductor's order and precision), instead of remat's plan; the budget does not change that partition."""
 DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
 

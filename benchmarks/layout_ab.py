@@ -15,7 +15,6 @@ import copy
 import json
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -55,17 +54,10 @@ def main() -> None:
         row = {"peak_mib": rm.step_peak_bytes(fn, model, wl) / 2**20, "compile_s": time.perf_counter() - t0}
         if name != "compile":
             row.update(rm.plan_fields(fn))
-        rows[name], kept[name] = row, (fn, model)
-    names = list(kept)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(a.rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            fn, model = kept[n]
-            times[n].append(rm.timed_step(fn, model, wl, device))
-    base = statistics.median(times["compile"])
-    for n in names:
-        rows[n]["ms"] = statistics.median(times[n])
-        rows[n]["x_compile"] = rows[n]["ms"] / base
+        rows[name], kept[name] = {"strategy": name, "ms": None, **row}, (fn, model)
+    rm.interleave(kept, list(rows.values()), wl, device, a.rounds)
+    for n in kept:
+        rows[n]["x_compile"] = rows[n]["ms"] / rows["compile"]["ms"]
         print(f"{n}: {rows[n]['ms']:.2f} ms ({rows[n]['x_compile']:.3f}x compile), peak {rows[n]['peak_mib']:.0f} MiB, "
               f"simulated {rows[n].get('simulated_peak_mib', 0):.0f}, read {rows[n].get('read_peak_mib', 0):.0f}")
     os.makedirs(a.out, exist_ok=True)

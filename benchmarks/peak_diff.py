@@ -115,6 +115,16 @@ def simulated_report(s: peak.Schedule, saved: set[int], r: peak.PeakResult, top:
     return out
 
 
+def forward_buffers(fw: allocations.GraphTrace, fw_names: list) -> tuple[allocations._State, dict]:
+    """The compiled forward replayed (its buffers' sizes in the state) and the buffer each of its
+    outputs lives in, by fx name."""
+    st = allocations._State()
+    for n, _ in fw.inputs:
+        st.bind(n, ("input", n))
+    allocations.replay(fw.events, st, "forward")
+    return st, {f: st.names[b] for f, b in zip(fw_names, fw.outputs) if f and b and b in st.names}
+
+
 def read_report(rec: Recorder, index: int, loss_in_step: bool, top: int) -> list[str]:
     fw, bw, args, reading = rec.reads[index]
     fw_names, bw_names = args[0], args[1]
@@ -124,11 +134,7 @@ def read_report(rec: Recorder, index: int, loss_in_step: bool, top: int) -> list
     out = [f"READ peak {chosen.peak_bytes / MiB:.3f} MiB at {chosen.at}; forward peak "
            f"{chosen.forward_peak_bytes / MiB:.3f}, boundary {chosen.boundary_bytes / MiB:.3f} "
            f"(caller {'keeps' if keep else 'drops'} the outputs)"]
-    st = allocations._State()
-    for n, _ in fw.inputs:
-        st.bind(n, ("input", n))
-    allocations.replay(fw.events, st, "forward")
-    by_fx = {f: st.names[b] for f, b in zip(fw_names, fw.outputs) if f and b and b in st.names}
+    st, by_fx = forward_buffers(fw, fw_names)
     taken, given = collections.Counter(bw_names), collections.Counter(n for n in fw_names if n)
     pinned = {k for n, k in by_fx.items() if given[n] > taken[n]} if keep else set()
     bst = allocations._State(pinned=set(pinned))
@@ -173,16 +179,12 @@ def boundary_report(sim: tuple | None, rec: Recorder, index: int, top: int) -> l
     """What crosses the forward/backward boundary on each side: the simulator's saved values and the
     buffers the compiled forward hands the backward (by fx name), the names only one side has and
     the names whose bytes differ, largest first."""
-    fw, _, args, _ = rec.reads[index]
-    fw_names, bw_names = args[0], args[1]
-    st = allocations._State()
-    for n, _ in fw.inputs:
-        st.bind(n, ("input", n))
-    allocations.replay(fw.events, st, "forward")
-    by_fx = {f: st.names[b] for f, b in zip(fw_names, fw.outputs) if f and b and b in st.names}
-    read = {n: st.sizes.get(by_fx[n], 0) for n in bw_names if n in by_fx}
     if sim is None:
         return []
+    fw, _, args, _ = rec.reads[index]
+    fw_names, bw_names = args[0], args[1]
+    st, by_fx = forward_buffers(fw, fw_names)
+    read = {n: st.sizes.get(by_fx[n], 0) for n in bw_names if n in by_fx}
     s, saved, _ = sim
     simulated = {(s.names[v] if s.names else str(v)): s.nbytes[v] for v in saved}
     rows = []
