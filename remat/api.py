@@ -47,6 +47,7 @@ def checkpoint(
     tune: Any = "auto",
     offload: bool | str = False,
     chunking: Chunking | None = DEFAULT_CHUNKING,
+    output_grads: str = "auto",
 ) -> T:
     """Wrap ``model`` (an ``nn.Module`` or a function) so that training saves less.
 
@@ -67,6 +68,10 @@ def checkpoint(
     copies] in ``remat.capture.offload_pass``). With ``chunking`` (a ``remat.Chunking``;
     ``None``: never) a budget may also take a plan that runs a region widening each row (an LM
     head and its loss) one slice of rows at a time (Note [Row chunks] in ``remat.analysis.rows``).
+    With ``output_grads="auto"`` (the default) a graph that returns a loss beside other tensors
+    is planned as trained through the loss, without zero-filled gradients for the others; a
+    gradient sent for one anyway is still used (Note [Gradients the caller does not send] in
+    ``remat.capture.unsent_grads``); ``"all"`` plans every output's gradient.
 
     Warns once if Dynamo breaks the model into several graphs (each is planned on its own),
     and turns off Hugging Face gradient checkpointing flags on the model, with a warning.
@@ -74,7 +79,8 @@ def checkpoint(
     """
     _check_model(model, "checkpoint", "Pass the model itself (remat.checkpoint(model)) or a function of tensors.")
     options = Options(backend=backend, policy=policy, strict=strict, dynamic=dynamic, budget=budget,
-                      device_model=device_model, tune=tune, offload=offload, chunking=chunking)
+                      device_model=device_model, tune=tune, offload=offload, chunking=chunking,
+                      output_grads=output_grads)
     rb = RematBackend(options)
     if isinstance(model, nn.Module):
         return wrap_module(model, rb)  # type: ignore[return-value]

@@ -166,6 +166,27 @@ def fake_value(target: Any, args: Any, kwargs: Any, like: Any) -> Any:
         return target(*args, **kwargs)
 
 
+def compiled_function_node(outputs: Any) -> Any:
+    """The autograd node of AOTAutograd's compiled function that produced ``outputs`` (one call's
+    results): the ``grad_fn`` of a tensor among them named ``CompiledFunctionBackward``, or of the
+    node one step behind a view of one (outputs AOTAutograd regenerates as views); None if none
+    is (``versions.HOOKS["unsent_grads"]``)."""
+    def named(fn: Any) -> bool:
+        return fn is not None and type(fn).__name__.endswith("CompiledFunctionBackward")
+
+    behind = []
+    for t in tree_leaves(outputs):
+        fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+        if named(fn):
+            return fn
+        if fn is not None:
+            behind.extend(f for f, _ in fn.next_functions)
+    found = next((f for f in behind if named(f)), None)
+    if found is None and behind:
+        drift("unsent_grads", "a CompiledFunctionBackward node behind the compiled forward's outputs")
+    return found
+
+
 def no_autograd_cache() -> Any:
     """Turn off the AOTAutograd cache (its key ignores the partitioner):
     ``versions.HOOKS["autograd_cache_off"]``."""

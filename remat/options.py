@@ -13,10 +13,13 @@ from .errors import RematError
 from .policy import Policy, normalize_policy
 from .tuning import Tuning, parse_tune
 
-__all__ = ["Options", "BACKENDS", "OFFLOAD_MODES"]
+__all__ = ["Options", "BACKENDS", "OFFLOAD_MODES", "OUTPUT_GRADS"]
 
 OFFLOAD_MODES = (False, "auto", "all")
 """The values of ``offload``."""
+
+OUTPUT_GRADS = ("auto", "all")
+"""The values of ``output_grads``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +64,14 @@ class Options:
     Both backends: the copies run as operators Inductor compiles in place (Note [Offload copies]
     in ``remat.capture.offload_pass``)."""
 
+    output_grads: str = "auto"
+    """Which output gradients a graph is planned with. ``"auto"``: a graph that returns a loss (a
+    0-dim output with a gradient) beside other tensors is planned as trained through the loss,
+    without the zero-filled gradients autograd would hand its backward for the others (HF
+    models' logits); a gradient sent for one anyway is still used, by an uncompiled backward and
+    with a warning (under a budget it raises): Note [Gradients the caller does not send] in
+    ``remat.capture.unsent_grads``. ``"all"``: every output's gradient is planned and read."""
+
     chunking: Chunking | None = DEFAULT_CHUNKING
     """Regions that widen each row (an LM head and its loss: Note [Row chunks] in
     ``remat.analysis.rows``) also planned in slices of rows, so that a budget (or ``pareto``) can
@@ -85,6 +96,10 @@ class Options:
             raise RematError(f"remat: offload must be one of {OFFLOAD_MODES}, got {self.offload!r}. "
                              "Use offload='auto' to offload what the step's compute hides, offload='all' to offload "
                              "every saved activation that can move (either backend), or offload=False.")
+        if self.output_grads not in OUTPUT_GRADS:
+            raise RematError(f"remat: output_grads must be one of {OUTPUT_GRADS}, got {self.output_grads!r}. Use "
+                             "output_grads='auto' to plan a graph that returns a loss as trained through it, or "
+                             "'all' when the caller also differentiates the other outputs.")
         object.__setattr__(self, "policy", normalize_policy(self.policy))
         object.__setattr__(self, "budget", parse_budget(self.budget))
         object.__setattr__(self, "tune", parse_tune(self.tune))

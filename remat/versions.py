@@ -76,6 +76,15 @@ HOOKS: dict[str, Hook] = {
         "AOTAutograd as a Dynamo backend, with remat's partition function",
         ("torch._dynamo.backends.common.aot_autograd",), ("remat.compat",), _BOTH, OnDrift.FAILS,
         "remat cannot be imported."),
+    "unsent_grads": Hook(
+        "outputs beside a loss planned without their gradients: the compiled forward's autograd node found among "
+        "its outputs' grad_fn (named CompiledFunctionBackward) and told not to fill unsent gradients with zeros "
+        "(materialize_grads), AOTAutograd's backward handing such a None to the compiled backward unchanged (Note "
+        "[Gradients the caller does not send] in remat.capture.unsent_grads)",
+        ("torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent",),
+        ("remat.compat", "remat.capture.unsent_grads"), ("2.13", "2.14"), OnDrift.WARN,
+        "Where the node is not found, autograd fills the unsent gradients with zeros again: the step holds them "
+        "(the plan's peak does not), and the backward checks that they are zeros before it leaves them unread."),
     "register_backend": Hook(
         "registering remat as the Dynamo backend \"remat\"",
         ("torch._dynamo.backends.registry.register_backend", "torch._dynamo.backends.registry._BACKENDS"),

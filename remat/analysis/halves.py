@@ -18,7 +18,11 @@ from ..core.reach import reachable
 from ..planning.nesting import COPY_OF
 from .op_facts import view_root
 
-__all__ = ["Halves", "halves", "is_tangent"]
+UNSENT = "remat_unsent_grad"
+"""Node meta key of ``remat.capture.unsent_grads`` (Note [Gradients the caller does not send]). On
+a stand-in ``full``: the name of the tangent placeholder it replaces. On that placeholder: why."""
+
+__all__ = ["Halves", "halves", "is_tangent", "UNSENT"]
 
 
 def is_tangent(node: fx.Node) -> bool:
@@ -55,7 +59,8 @@ def halves(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[
     fwd_outs, bwd_outs = tuple(args[:num_fwd_outputs]), tuple(args[num_fwd_outputs:])
     backward: set[fx.Node] = set()
     for n in graph.nodes:
-        if is_tangent(n) or any(a in backward for a in n.all_input_nodes):
+        # a stand-in for an unsent gradient (remat.capture.unsent_grads) is the backward's
+        if is_tangent(n) or n.meta.get(UNSENT) or any(a in backward for a in n.all_input_nodes):
             if n.op != "output":
                 backward.add(n)
     return Halves(primals=primals, static=frozenset(primals[i] for i in static_input_indices if i < len(primals)),

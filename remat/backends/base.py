@@ -19,7 +19,10 @@ import torch.fx as fx
 if TYPE_CHECKING:
     from ..core.peak import StepModel
 
-__all__ = ["Backend", "BACKENDS", "INDEX_SOURCE"]
+__all__ = ["Backend", "BACKENDS", "INDEX_SOURCE", "WrapBackward"]
+
+WrapBackward = Callable[[fx.GraphModule, Callable[[], Any]], Any]
+"""``wrap_backward(bw, compile)`` of ``Backend.compile``."""
 
 BACKENDS = ("inductor", "eager")
 
@@ -67,13 +70,16 @@ class Backend(ABC):
 
     @abstractmethod
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[Any], None] | None = None, *, stock: bool = False) -> Any:
+                on_peak: Callable[[Any], None] | None = None, *, stock: bool = False,
+                wrap_backward: WrapBackward | None = None) -> Any:
         """Lower a captured graph: AOTAutograd traces the joint graph, ``partition`` splits it
         (``remat.capture.partition``), and the two halves are compiled or run as this backend does. A
         backend that ``reads_compiled_peak`` calls ``on_peak`` with the step's peak read from the
         compiled forward and backward (``remat.core.allocations.StepPeak``); others never call it.
         ``stock``: ``partition`` is torch.compile's own (``remat.tuning``), lowered with the
-        backend's own settings rather than those remat's recompute needs."""
+        backend's own settings rather than those remat's recompute needs. ``wrap_backward(bw,
+        compile)``: what AOTAutograd gets for backward graph ``bw``, given ``compile()``, which
+        compiles it as this backend does (``remat.capture.unsent_grads.wrapped_backward``)."""
 
     def keep_saved(self, nodes: list[fx.Node]) -> dict[fx.Node, str]:
         """Forward values of the joint graph (``nodes``) this backend runs faster saved than

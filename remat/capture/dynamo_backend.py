@@ -33,7 +33,7 @@ from ..planning.choice import (
     peak_allowed,
 )
 from ..tuning import Tuning
-from . import buckets, budget_guard
+from . import buckets, budget_guard, unsent_grads
 from .attention import AttentionReport, rewrite_attention
 from .graph_copy import copy_graph
 from .partition import make_partition_fn, make_stock_partition_fn
@@ -72,7 +72,9 @@ def _watched(partition: Callable[..., Any], backend: RematBackend) -> Callable[.
             with warnings.catch_warnings(record=True) as caught, planning(label, len(joint.graph.nodes)) as done:
                 warnings.simplefilter("always")
                 backend._planned = done
-                return partition(joint, *args, **kwargs)
+                fw_bw = partition(joint, *args, **kwargs)
+                backend._stand_ins |= unsent_grads.has_stand_ins(fw_bw)
+                return fw_bw
         finally:  # also when explain-only planning stops with _Planned
             backend._planned = None
             for w in caught:
@@ -103,6 +105,9 @@ class RematBackend:
         """Where Dynamo broke the model's graphs (``file:line (why)``), in capture order."""
         self._warned_breaks = False
         self._planned: Callable[[str], None] | None = None
+        self._stand_ins = False
+        """Whether the graph being lowered was planned without the gradients of outputs beside its
+        loss (Note [Gradients the caller does not send] in ``remat.capture.unsent_grads``)."""
         self._break: str | None = None
         """Where Dynamo ended the graph being compiled, if at a graph break."""
         self.split_ddp = False
@@ -341,8 +346,11 @@ class RematBackend:
 
     def _lower(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
                read_peak: Callable[[Any], None], stock: bool = False) -> Any:
+        self._stand_ins = False
         try:
-            return self.backend.compile(gm, example_inputs, partition, read_peak, stock=stock)
+            compiled = self.backend.compile(gm, example_inputs, partition, read_peak, stock=stock,
+                                            wrap_backward=unsent_grads.wrapped_backward)
+            return unsent_grads.ForwardWithoutZeroFill(compiled) if self._stand_ins else compiled
         except _Planned:
             return gm.forward
         except Exception as e:  # Dynamo wraps backend errors; unwrap our own _Planned

@@ -29,8 +29,10 @@ from ..plan import Plan, Role
 from ..plan_data import PlanKey
 from ..planning.choice import FIRST, Attempt
 from ..planning.planner import plan_joint_graph, plan_of_saved
+from ..units import format_bytes
 from .offload_pass import Move, insert_offload
 from .rng_replay import insert_rng_replay
+from .unsent_grads import stand_in_zeros, unsent_tangents
 
 __all__ = ["make_partition_fn", "make_stock_partition_fn", "place_recompute", "STOCK"]
 
@@ -72,6 +74,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
+        unsent = _stand_ins(joint, options, ends_at_break)
         try:
             planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier, backend,
                                        reference=reference, ends_at_break=ends_at_break, attempt=attempt,
@@ -90,6 +93,8 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
             insert_offload(fw, bw, num_fwd_outputs, [Move(o.name, o.reload_before, o.released_after)
                                                     for o in plan.offloaded], backend.channels_last)
             replayed = insert_rng_replay(fw, bw, num_fwd_outputs)
+            if unsent:
+                plan = replace(plan, notes=(*plan.notes, unsent))
             if replayed:
                 plan = replace(plan, notes=(*plan.notes, f"{replayed} random op(s) recomputed by replaying the "
                                                          "generator state the forward drew from (Note [Replayed "
@@ -115,6 +120,19 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
     return partition
 
 
+def _stand_ins(joint: fx.GraphModule, options: Options, ends_at_break: bool) -> str:
+    """Plan ``joint`` without the gradients of outputs beside its loss where ``options`` ask
+    (``remat.capture.unsent_grads``); the plan's note saying so, or ``""``."""
+    if options.output_grads != "auto":
+        return ""
+    tangents = unsent_tangents(joint, ends_at_break)
+    if not tangents:
+        return ""
+    nbytes = stand_in_zeros(joint, tangents, budgeted=options.budget is not None)
+    return (f"trained through its loss: {len(tangents)} other output gradient(s) ({format_bytes(nbytes)}) never "
+            "filled with zeros nor read (Note [Gradients the caller does not send]; output_grads='all' plans them)")
+
+
 STOCK = "torch.compile"
 """The name of torch.compile's own partition among the candidates a graph measures."""
 
@@ -129,6 +147,7 @@ def make_stock_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
+        unsent = _stand_ins(joint, options, ends_at_break)
         copied = fx.GraphModule(joint, copy.deepcopy(joint.graph))
         fw, bw = compat.stock_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                         static_lifetime_input_indices=static)
@@ -142,6 +161,8 @@ def make_stock_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, 
         except Exception as e:  # noqa: BLE001 - the report of a partition that runs anyway
             plan = Plan(saved=(), recomputed=(), origin=STOCK,
                         notes=(f"{STOCK}: its partition runs; its plan could not be read ({type(e).__name__}: {e})",))
+        if unsent:
+            plan = replace(plan, notes=(*plan.notes, unsent))
         sink(plan, None)
         return fw, bw
 

@@ -78,7 +78,7 @@ from ... import compat
 from ...analysis.cost import nbytes
 from ...analysis.ops import op_name
 from ..aten_scratch import scratch_bytes
-from ..base import Backend
+from ..base import Backend, WrapBackward
 from ..inductor.decompositions import eager_decompositions
 
 __all__ = ["EagerBackend", "KEPT_WHOLE", "decompositions"]
@@ -204,14 +204,20 @@ class EagerBackend(Backend):
         return None
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[Any], None] | None = None, *, stock: bool = False) -> Any:
+                on_peak: Callable[[Any], None] | None = None, *, stock: bool = False,
+                wrap_backward: WrapBackward | None = None) -> Any:
         def split(joint: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
             dropout_from_mask(joint)
             return partition(joint, *args, **kwargs)
 
+        def backward(gm: fx.GraphModule, example_inputs: Any) -> Any:
+            if wrap_backward is None:
+                return _run_uncompiled(gm, example_inputs)
+            return wrap_backward(gm, lambda: _run_uncompiled(gm, example_inputs))
+
         lower = compat.aot_autograd(
             fw_compiler=_run_uncompiled,
-            bw_compiler=_run_uncompiled,
+            bw_compiler=backward,
             partition_fn=split,
             decompositions=decompositions(),
         )

@@ -13,7 +13,7 @@ from ...analysis.joint_graph import device_of
 from ...core.allocations import GraphTrace, Reading, read_step
 from ...versions import check_torch_version, drift
 from ..aten_scratch import scratch_bytes
-from ..base import Backend
+from ..base import Backend, WrapBackward
 from . import fusion
 from .hooks import channels_last_nodes, compile_fx, inductor_partitioner, recomputed_in_forward_layout, tag_stages
 from .kernel_model import KernelModel
@@ -55,11 +55,13 @@ class InductorBackend(Backend):
         return index_sources(nodes)
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], partition: Callable[..., Any],
-                on_peak: Callable[[Reading], None] | None = None, *, stock: bool = False) -> Any:
+                on_peak: Callable[[Reading], None] | None = None, *, stock: bool = False,
+                wrap_backward: WrapBackward | None = None) -> Any:
         check_torch_version()
         reading = _StepReading(on_peak) if on_peak is not None else None
         with inductor_partitioner(partition):
-            return compile_fx(gm, example_inputs, reading.on_graph if reading else None, stock=stock)
+            return compile_fx(gm, example_inputs, reading.on_graph if reading else None, stock=stock,
+                              wrap_backward=wrap_backward)
 
 
 class _StepReading:

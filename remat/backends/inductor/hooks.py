@@ -15,6 +15,7 @@ import torch.fx as fx
 from torch._inductor import config as inductor_config  # versions.HOOKS["inductor_caches_off"]
 
 from ... import compat
+from ...analysis.halves import UNSENT
 from ...versions import drift
 from .facts import Kind
 from .lowering import fusion_blocks, node_lowering
@@ -54,11 +55,12 @@ def _saved_name(node: fx.Node) -> str:
 def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set[str]]:
     """(the name of each output, the name of each placeholder, the placeholders holding a 0-dim
     tensor) of an fx graph, as the partition made it (before Inductor's passes rename
-    anything); an offloaded value's host copy is named after the value."""
+    anything); an offloaded value's host copy is named after the value. A gradient never sent
+    (Note [Gradients the caller does not send]) is left out: it is a meta tensor, no memory."""
     out = gm.graph.find_nodes(op="output")[0].args[0]
     outs = [_saved_name(a) if isinstance(a, fx.Node) else None
             for a in (out if isinstance(out, (tuple, list)) else [out])]
-    holders = gm.graph.find_nodes(op="placeholder")
+    holders = [n for n in gm.graph.find_nodes(op="placeholder") if not n.meta.get(UNSENT)]
     scalars = {n.name for n in holders if getattr(n.meta.get("val"), "ndim", None) == 0}
     return outs, [n.name for n in holders], scalars
 
@@ -68,7 +70,8 @@ GraphNames = tuple[list[str | None], list[str], set[str]]
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Any,
-               on_graph: Callable[[bool, GraphNames, Any], None] | None = None, *, stock: bool = False) -> Any:
+               on_graph: Callable[[bool, GraphNames, Any], None] | None = None, *, stock: bool = False,
+               wrap_backward: Callable[[fx.GraphModule, Callable[[], Any]], Any] | None = None) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
     ``inner_compile`` argument (``compile_fx_inner``; ``versions.HOOKS["compile_fx"]``). Its
     ``config_patches`` and ``inner_compile`` also apply to the backward, which AOTAutograd
@@ -81,11 +84,17 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Any,
     ``compile_fx_inner``'s keyword arguments. Inductor keeps remat's order (``in_remat_order``).
     ``stock=True`` compiles as torch.compile would, with Inductor's own precision and order
     (torch.compile's partition measured as a candidate, ``remat.tuning``: no remat recompute for
-    its casts to matter, no remat order to keep)."""
+    its casts to matter, no remat order to keep). ``wrap_backward(graph, compile)``: what the
+    backward's compile returns (``remat.backends.base.Backend.compile``)."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
     from torch._inductor.compile_fx import compile_fx_inner
 
     def inner(graph: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        if wrap_backward is not None and kwargs.get("is_backward"):
+            return wrap_backward(graph, lambda: _inner(graph, *args, **kwargs))
+        return _inner(graph, *args, **kwargs)
+
+    def _inner(graph: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         if on_graph is None or kwargs.get("is_inference"):
             with stage_local_fusion(), in_remat_order(not stock):
                 return compile_fx_inner(graph, *args, **kwargs)

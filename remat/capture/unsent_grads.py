@@ -1,0 +1,208 @@
+"""Gradients the caller does not send: outputs beside a loss whose gradients the backward never reads.
+
+Note [Gradients the caller does not send]: a graph that returns its loss beside other tensors
+(HF models return the logits with the loss) is trained through the loss: ``loss.backward()``
+sends a gradient for the loss only. Autograd still hands AOTAutograd's backward a gradient for
+every differentiable output, filled with zeros where none was sent (``materialize_grads``),
+and the backward adds it to what the loss's gradient gives: for HF GPT-2 at 8 x 1,024 tokens a
+785 MiB buffer of zeros held through the whole backward, for HF Llama 1,000 MiB, which no
+plan can recompute or slice and which eager autograd never allocates (its gradients exist only
+for what the loss reads). Under ``output_grads="auto"`` (the default) such a graph is planned as
+trained through its loss:
+
+* before planning, each non-scalar output gradient of a graph that returns a 0-dim gradient-
+  carrying output (a loss), and does not end at a graph break, is read through a stand-in: a
+  ``full`` of zeros of its shape placed just before its first reader (``stand_in_zeros``).
+  The planner sees no tangent bytes for it (``is_unsent``) and Inductor folds the zeros into
+  the kernel that reads them; the tangent placeholder stays, read by nothing;
+* at run time the compiled forward turns zero-filling off on its autograd node
+  (``ForwardWithoutZeroFill``): an output nobody differentiated gets ``None``;
+* the compiled backward (``UnsentDispatch``) passes an unread ``None`` as a meta tensor of the
+  placeholder's size and strides (no memory; Inductor checks only those), fills ``None`` with
+  zeros where its graph reads the gradient (what autograd did), and, if the caller did send a
+  gradient the plan took as unsent (``out.logits.sum().backward()`` as well as the loss, say),
+  runs the graph as partitioned *with* that gradient, uncompiled, and warns once: correct
+  gradients, slower, and under a budget the step may not fit the plan's peak, so there it raises.
+  ``output_grads="all"`` plans every output's gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .. import compat
+from ..analysis.halves import UNSENT, is_tangent
+from ..errors import RematError
+from ..units import format_bytes
+
+__all__ = ["UNSENT", "PLANNED", "BUDGETED", "ForwardWithoutZeroFill", "UnsentDispatch", "general_backward",
+           "has_stand_ins", "is_unsent", "stand_in_zeros", "unsent_tangents", "wrapped_backward"]
+
+PLANNED, BUDGETED = "planned", "budgeted"
+"""``UNSENT`` on a tangent placeholder a stand-in replaced: planned without a budget, or with one."""
+
+
+def is_unsent(node: fx.Node) -> bool:
+    """A tangent placeholder a stand-in replaced, or the stand-in itself."""
+    return bool(node.meta.get(UNSENT))
+
+
+def _val(node: fx.Node) -> Any:
+    return node.meta.get("val")
+
+
+def unsent_tangents(joint: fx.GraphModule, ends_at_break: bool) -> list[fx.Node]:
+    """The tangents ``stand_in_zeros`` replaces in ``joint``: none where the graph ends at a graph
+    break (its outputs go to the code after the break) or returns no loss (a 0-dim floating
+    output with a gradient); else every non-scalar floating tangent with readers and static sizes."""
+    if ends_at_break:
+        return []
+    tangents = [n for n in joint.graph.nodes if is_tangent(n)]
+
+    def floating(n: fx.Node) -> bool:
+        v = _val(n)
+        return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+
+    if not any(floating(t) and _val(t).ndim == 0 for t in tangents):
+        return []
+    return [t for t in tangents if floating(t) and _val(t).ndim > 0 and t.users
+            and not any(compat.is_sym(d) for d in _val(t).shape)]
+
+
+def stand_in_zeros(joint: fx.GraphModule, tangents: list[fx.Node], budgeted: bool) -> int:
+    """Replace each of ``tangents``' reads by a ``full`` of zeros of its shape, dtype and device,
+    placed before its first reader (Note [Gradients the caller does not send]); the bytes of
+    the tangents replaced. ``budgeted``: the graph is planned under a budget."""
+    graph, total = joint.graph, 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for t in tangents:
+        v = _val(t)
+        first = min(t.users, key=order.__getitem__)
+        args = (list(v.shape), 0)
+        kwargs = {"dtype": v.dtype, "layout": torch.strided, "device": v.device, "pin_memory": False}
+        with graph.inserting_before(first):
+            z = graph.call_function(torch.ops.aten.full.default, args, kwargs)
+        z.meta["val"] = compat.fake_value(torch.ops.aten.full.default, args, kwargs, v)
+        z.meta[UNSENT] = t.name
+        t.replace_all_uses_with(z)
+        t.meta[UNSENT] = BUDGETED if budgeted else PLANNED
+        total += v.numel() * v.element_size()
+    graph.lint()
+    joint.recompile()
+    return total
+
+
+def general_backward(bw: fx.GraphModule) -> fx.GraphModule:
+    """A copy of backward ``bw`` that reads each tangent its stand-ins replaced."""
+    graph = copy.deepcopy(bw.graph)
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    for z in [n for n in graph.nodes if n.op == "call_function" and isinstance(n.meta.get(UNSENT), str)]:
+        z.replace_all_uses_with(placeholders[z.meta[UNSENT]])
+        graph.erase_node(z)
+    graph.lint()
+    return fx.GraphModule(bw, graph)
+
+
+class UnsentDispatch:
+    """A compiled backward of a graph with stand-ins, called with AOTAutograd's boxed arguments
+    (saved values, then the gradients, ``None`` where autograd sent none)."""
+
+    def __init__(self, bw: fx.GraphModule):
+        """Built before ``bw`` is compiled (Inductor changes the graph it compiles); ``compiled``
+        is set after."""
+        # AOTAutograd calls a backward with ``_boxed_call`` with the argument list; Dynamo's
+        # disable wrapper copies the instance's __dict__, not its class's attributes.
+        self._boxed_call = True
+        placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
+        self.compiled: Callable[[list[Any]], Any] | None = None
+        self.fill: dict[int, Any] = {}
+        """Argument index -> the value (size, stride, dtype, device) of a gradient placeholder."""
+        self.unread: set[int] = set()
+        """Indices of the gradients the compiled graph does not read (its stand-ins replaced them)."""
+        self.budgeted = False
+        """Whether the plan is a budget's: a gradient sent anyway raises (the step could exceed it)."""
+        for i, p in enumerate(placeholders):
+            v = _val(p)
+            if is_tangent(p) and isinstance(v, torch.Tensor):
+                self.fill[i] = v
+                if is_unsent(p):
+                    self.unread.add(i)
+                    self.budgeted |= p.meta[UNSENT] == BUDGETED
+        self.general_source = general_backward(bw) if self.unread else None
+        self._general: Callable[[list[Any]], Any] | None = None
+        self.sent_anyway = 0
+        """Backward calls that were sent a gradient the plan took as unsent (the general path)."""
+
+    @staticmethod
+    def needed(bw: fx.GraphModule) -> bool:
+        """Whether backward ``bw`` has stand-ins (and so needs this dispatch)."""
+        return any(is_unsent(n) for n in bw.graph.nodes if n.op == "placeholder")
+
+    def __call__(self, args: list[Any]) -> Any:
+        # A gradient autograd filled with zeros (its node not found) adds nothing: left unread.
+        sent = [i for i in self.unread if args[i] is not None and bool(args[i].any())]
+        if sent:
+            return self._run_general(args, sent)
+        for i, v in self.fill.items():
+            if args[i] is None:
+                args[i] = (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                           if i in self.unread else torch.zeros(v.shape, dtype=v.dtype, device=v.device))
+        assert self.compiled is not None
+        return self.compiled(args)
+
+    def _run_general(self, args: list[Any], sent: list[int]) -> Any:
+        shapes = ", ".join(f"{tuple(self.fill[i].shape)}" for i in sorted(sent))
+        nbytes = sum(self.fill[i].numel() * self.fill[i].element_size() for i in sent)
+        what = (f"this graph returns a loss, so remat planned it as trained through the loss, but the caller also "
+                f"sent a gradient for {len(sent)} other output(s) of shape {shapes} "
+                f"({format_bytes(nbytes)}; Note [Gradients the caller does not send])")
+        if self.budgeted:
+            raise RematError(f"remat: {what}. The budget's plan does not hold those gradients, so the step could "
+                             "exceed it. Pass output_grads='all' to remat.checkpoint to plan every output's gradient.")
+        if not self.sent_anyway:
+            warnings.warn(f"remat: {what}: this backward runs uncompiled, with them, from now on. Pass "
+                          "output_grads='all' to remat.checkpoint to plan and compile it with them.", stacklevel=2)
+        self.sent_anyway += 1
+        if self._general is None:
+            assert self.general_source is not None
+            self._general = compat.run_uncompiled(self.general_source)
+        for i, v in self.fill.items():
+            if args[i] is None:
+                args[i] = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        return self._general(args)
+
+
+def wrapped_backward(bw: fx.GraphModule, compile: Callable[[], Any]) -> Any:
+    """What AOTAutograd gets for backward ``bw``: ``compile()`` itself, or behind an
+    ``UnsentDispatch`` where ``bw`` has stand-ins (``remat.backends.base.Backend.compile``)."""
+    if not UnsentDispatch.needed(bw):
+        return compile()
+    dispatch = UnsentDispatch(bw)
+    dispatch.compiled = compile()
+    return dispatch
+
+
+def has_stand_ins(fw_bw: Any) -> bool:
+    """Whether a partition function's result ``(forward, backward)`` has stand-ins."""
+    return isinstance(fw_bw, tuple) and len(fw_bw) == 2 and UnsentDispatch.needed(fw_bw[1])
+
+
+class ForwardWithoutZeroFill:
+    """A compiled forward whose autograd node sends ``None`` for the gradients of outputs nobody
+    differentiated instead of zeros (``materialize_grads``; ``versions.HOOKS["unsent_grads"]``)."""
+
+    def __init__(self, run: Callable[..., Any]):
+        self.run = run
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.run(*args)
+        node = compat.compiled_function_node(out)
+        if node is not None:
+            node.materialize_grads = False
+        return out
