@@ -74,7 +74,7 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
-        unsent = _stand_ins(joint, options, ends_at_break)
+        unsent = _stand_ins(joint, num_fwd_outputs, options, ends_at_break)
         try:
             planned = plan_joint_graph(joint, num_fwd_outputs, static, options, want_frontier, backend,
                                        reference=reference, ends_at_break=ends_at_break, attempt=attempt,
@@ -120,12 +120,12 @@ def make_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, ...] |
     return partition
 
 
-def _stand_ins(joint: fx.GraphModule, options: Options, ends_at_break: bool) -> str:
+def _stand_ins(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, ends_at_break: bool) -> str:
     """Plan ``joint`` without the gradients of outputs beside its loss where ``options`` ask
     (``remat.capture.unsent_grads``); the plan's note saying so, or ``""``."""
     if options.output_grads != "auto":
         return ""
-    tangents = unsent_tangents(joint, ends_at_break)
+    tangents = unsent_tangents(joint, num_fwd_outputs, ends_at_break)
     if not tangents:
         return ""
     nbytes = stand_in_zeros(joint, tangents, budgeted=options.budget is not None)
@@ -147,7 +147,7 @@ def make_stock_partition_fn(options: Options, sink: Callable[[Plan, tuple[Plan, 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                   static_lifetime_input_indices: list[int] | None = None, **_: Any):
         static = list(static_lifetime_input_indices or [])
-        unsent = _stand_ins(joint, options, ends_at_break)
+        unsent = _stand_ins(joint, num_fwd_outputs, options, ends_at_break)
         copied = fx.GraphModule(joint, copy.deepcopy(joint.graph))
         fw, bw = compat.stock_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                         static_lifetime_input_indices=static)

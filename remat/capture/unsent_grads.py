@@ -11,8 +11,9 @@ for what the loss reads). Under ``output_grads="auto"`` (the default) such a gra
 trained through its loss:
 
 * before planning, each non-scalar output gradient of a graph that returns a 0-dim gradient-
-  carrying output (a loss), and does not end at a graph break, is read through a stand-in: a
-  ``full`` of zeros of its shape placed just before its first reader (``stand_in_zeros``).
+  carrying output (a loss) computed from that output, and does not end at a graph break, is read
+  through a stand-in: a ``full`` of zeros of its shape placed just before its first reader
+  (``stand_in_zeros``; ``unsent_tangents`` says which).
   The planner sees no tangent bytes for it (``is_unsent``) and Inductor folds the zeros into
   the kernel that reads them; the tangent placeholder stays, read by nothing;
 * at run time the compiled forward turns zero-filling off on its autograd node
@@ -38,6 +39,8 @@ import torch.fx as fx
 
 from .. import compat
 from ..analysis.halves import UNSENT, is_tangent
+from ..analysis.op_facts import view_root
+from ..core.reach import reachable
 from ..errors import RematError
 from ..units import format_bytes
 
@@ -57,22 +60,44 @@ def _val(node: fx.Node) -> Any:
     return node.meta.get("val")
 
 
-def unsent_tangents(joint: fx.GraphModule, ends_at_break: bool) -> list[fx.Node]:
+def unsent_tangents(joint: fx.GraphModule, num_fwd_outputs: int, ends_at_break: bool) -> list[fx.Node]:
     """The tangents ``stand_in_zeros`` replaces in ``joint``: none where the graph ends at a graph
     break (its outputs go to the code after the break) or returns no loss (a 0-dim floating
-    output with a gradient); else every non-scalar floating tangent with readers and static sizes."""
+    output with a gradient); else each non-scalar floating tangent with readers and static sizes
+    whose output the loss is computed from: every forward output of its shape and dtype (a
+    tangent names no output) is, or views, an ancestor of a 0-dim floating forward output. A model that
+    returns an auxiliary scalar beside an output the scalar does not read (a mixture of experts'
+    balance loss beside its logits, say) keeps that output's gradient."""
     if ends_at_break:
         return []
     tangents = [n for n in joint.graph.nodes if is_tangent(n)]
-
-    def floating(n: fx.Node) -> bool:
-        v = _val(n)
-        return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
-
-    if not any(floating(t) and _val(t).ndim == 0 for t in tangents):
+    if not any(_floating(t) and _val(t).ndim == 0 for t in tangents):
         return []
-    return [t for t in tangents if floating(t) and _val(t).ndim > 0 and t.users
-            and not any(compat.is_sym(d) for d in _val(t).shape)]
+    out = joint.graph.find_nodes(op="output")[0]
+    fwd_outs = [a for a in compat.tree_leaves(out.args)[:num_fwd_outputs] if isinstance(a, fx.Node)]
+    scalars = [o for o in fwd_outs if _floating(o) and _val(o).ndim == 0]
+    feeds = reachable(scalars, lambda n: n.all_input_nodes)
+
+    def feeds_the_loss(t: fx.Node) -> bool:
+        alike = [o for o in fwd_outs if _floating(o) and _alike(_val(o), _val(t))]
+        return bool(alike) and all(o in feeds or _root(o) in feeds for o in alike)
+
+    return [t for t in tangents if _floating(t) and _val(t).ndim > 0 and t.users
+            and not any(compat.is_sym(d) for d in _val(t).shape) and feeds_the_loss(t)]
+
+
+def _floating(n: fx.Node) -> bool:
+    v = _val(n)
+    return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+
+
+def _root(n: fx.Node) -> fx.Node:
+    """The node whose storage ``n`` views (an output returned as a view of what the loss reads)."""
+    return view_root(n) if n.op == "call_function" else n
+
+
+def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
 
 
 def stand_in_zeros(joint: fx.GraphModule, tangents: list[fx.Node], budgeted: bool) -> int:

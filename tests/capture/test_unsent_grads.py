@@ -41,6 +41,15 @@ class LogitsOnly(LossAndLogits):
         return super().forward(x, y)[1]
 
 
+class OutputBesideAuxLoss(LossAndLogits):
+    """An output and an auxiliary scalar not computed from it (a balance loss, as mixtures of
+    experts return): the caller's loss reads the output, so its gradient is sent."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        h = torch.relu(self.a(x))
+        return self.b(h), h.float().square().mean()
+
+
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     return torch.randn(4, 64, 16, generator=g), torch.randint(0, VOCAB, (4, 64), generator=g)
@@ -154,6 +163,22 @@ def test_all_plans_every_output_gradient_and_a_model_without_a_loss_keeps_them()
         out = wrapped(x, y)
         (out[0] if isinstance(out, tuple) else out.sum()).backward()
         assert not any("trained through its loss" in n for n in remat.compiled_plans(wrapped)[0].notes)
+
+
+def test_an_output_the_scalar_does_not_read_keeps_its_gradient() -> None:
+    torch.manual_seed(0)
+    model = OutputBesideAuxLoss()
+    ref = copy.deepcopy(model)
+    x, y = _inputs()
+    wrapped = remat.checkpoint(model, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no gradient sent against the plan
+        out, aux = wrapped(x, y)
+        (torch.nn.functional.cross_entropy(out.view(-1, VOCAB), y.view(-1)) + aux).backward()
+    out, aux = ref(x, y)
+    (torch.nn.functional.cross_entropy(out.view(-1, VOCAB), y.view(-1)) + aux).backward()
+    _close(_grads(model), _grads(ref))
+    assert not any("trained through its loss" in n for n in remat.compiled_plans(wrapped)[0].notes)
 
 
 def test_output_grads_must_be_auto_or_all() -> None:
