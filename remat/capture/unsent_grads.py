@@ -13,9 +13,11 @@ trained through its loss:
 * before planning, each non-scalar output gradient of a graph that returns a 0-dim gradient-
   carrying output (a loss) computed from that output, and does not end at a graph break, is read
   through a stand-in: a ``full`` of zeros of its shape placed just before its first reader
-  (``stand_in_zeros``; ``unsent_tangents`` says which).
-  The planner sees no tangent bytes for it (``is_unsent``) and Inductor folds the zeros into
-  the kernel that reads them; the tangent placeholder stays, read by nothing;
+  (``stand_in_zeros``; ``unsent_tangents`` says which); a reader that adds it to a value of its
+  own shape and dtype (the gradient the loss sends the same output) becomes an ``alias`` of that
+  value, and a stand-in nobody reads then goes, so neither backend computes the zeros. The
+  planner sees no tangent bytes (``is_unsent``), Inductor folds zeros left into the kernel that
+  reads them, and the tangent placeholder stays, read by nothing;
 * at run time the compiled forward turns zero-filling off on its autograd node
   (``ForwardWithoutZeroFill``): an output nobody differentiated gets ``None``;
 * the compiled backward (``UnsentDispatch``) passes an unread ``None`` as a meta tensor of the
@@ -118,17 +120,47 @@ def stand_in_zeros(joint: fx.GraphModule, tangents: list[fx.Node], budgeted: boo
         t.replace_all_uses_with(z)
         t.meta[UNSENT] = BUDGETED if budgeted else PLANNED
         total += v.numel() * v.element_size()
+        for u in [u for u in z.users if _adds_zero(u, z)]:
+            other = u.args[1] if u.args[0] is z else u.args[0]
+            with graph.inserting_before(u):
+                a = graph.call_function(torch.ops.aten.alias.default, (other,))
+            a.meta = {**u.meta, "val": compat.fake_value(torch.ops.aten.alias.default, (_val(other),), {}, _val(other)),
+                      UNSENT: t.name}
+            u.replace_all_uses_with(a)
+            graph.erase_node(u)
+        if not z.users:
+            graph.erase_node(z)
     graph.lint()
     joint.recompile()
     return total
 
 
+def _adds_zero(u: fx.Node, z: fx.Node) -> bool:
+    """Whether ``u`` adds stand-in ``z`` to a value of ``u``'s own shape and dtype: ``u`` is that
+    value (an alias of it)."""
+    if u.target is not torch.ops.aten.add.Tensor or len(u.args) != 2 or list(u.args).count(z) != 1:
+        return False
+    other = u.args[1] if u.args[0] is z else u.args[0]
+    if not isinstance(other, fx.Node) or not isinstance(_val(other), torch.Tensor):
+        return False
+    if u.args[0] is z and u.kwargs.get("alpha", 1) != 1:  # 0 + alpha * other
+        return False
+    return _alike(_val(other), _val(u)) and set(u.kwargs) <= {"alpha"}
+
+
 def general_backward(bw: fx.GraphModule) -> fx.GraphModule:
-    """A copy of backward ``bw`` that reads each tangent its stand-ins replaced."""
+    """A copy of backward ``bw`` that reads each tangent its stand-ins replaced: a stand-in
+    ``full`` becomes the tangent, a folded sum (an ``alias`` of the other addend) the sum again."""
     graph = copy.deepcopy(bw.graph)
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     for z in [n for n in graph.nodes if n.op == "call_function" and isinstance(n.meta.get(UNSENT), str)]:
-        z.replace_all_uses_with(placeholders[z.meta[UNSENT]])
+        tangent = placeholders[z.meta[UNSENT]]
+        if z.target is torch.ops.aten.alias.default:
+            with graph.inserting_before(z):
+                summed = graph.call_function(torch.ops.aten.add.Tensor, (z.args[0], tangent))
+            z.replace_all_uses_with(summed)
+        else:
+            z.replace_all_uses_with(tangent)
         graph.erase_node(z)
     graph.lint()
     return fx.GraphModule(bw, graph)

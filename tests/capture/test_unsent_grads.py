@@ -208,6 +208,31 @@ def test_general_backward_reads_the_tangent_again() -> None:
     assert len([n for n in bw.graph.nodes if n.op == "call_function"]) == 2  # the original is unchanged
 
 
+def _fake(*shape: int) -> torch.Tensor:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return torch.empty(shape)
+
+
+def test_a_sum_with_the_stand_in_becomes_an_alias_and_the_general_backward_sums_again() -> None:
+    g = fx.Graph()
+    x = g.placeholder("primals_1")
+    t = g.placeholder("tangents_1")
+    x.meta["val"], t.meta["val"] = _fake(3), _fake(3)
+    s = g.call_function(torch.ops.aten.add.Tensor, (t, x))
+    s.meta["val"] = _fake(3)
+    g.output((g.call_function(torch.ops.aten.mul.Tensor, (s, 2.0)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert unsent_grads.stand_in_zeros(gm, [t], budgeted=False) == 12
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops == [torch.ops.aten.alias.default, torch.ops.aten.mul.Tensor]  # no zeros left
+    assert not t.users and t.meta[unsent_grads.UNSENT] == unsent_grads.PLANNED
+    assert gm(torch.ones(3), None)[0].tolist() == [2.0, 2.0, 2.0]
+    general = general_backward(gm)
+    assert general(torch.ones(3), torch.full((3,), 2.0))[0].tolist() == [6.0, 6.0, 6.0]
+
+
 def test_zeros_autograd_filled_are_left_unread_and_a_meta_tensor_stands_for_none() -> None:
     bw = _backward_with_stand_in()
     dispatch = UnsentDispatch(bw)
