@@ -22,7 +22,12 @@ UNSENT = "remat_unsent_grad"
 """Node meta key of ``remat.capture.unsent_grads`` (Note [Gradients the caller does not send]). On
 a stand-in ``full``: the name of the tangent placeholder it replaces. On that placeholder: why."""
 
-__all__ = ["Halves", "halves", "is_tangent", "UNSENT"]
+__all__ = ["Halves", "halves", "is_tangent", "is_unsent", "UNSENT"]
+
+
+def is_unsent(node: fx.Node) -> bool:
+    """A tangent placeholder a stand-in replaced, or the stand-in itself (``UNSENT``)."""
+    return bool(node.meta.get(UNSENT))
 
 
 def is_tangent(node: fx.Node) -> bool:
@@ -60,7 +65,7 @@ def halves(gm: fx.GraphModule, num_fwd_outputs: int, static_input_indices: list[
     backward: set[fx.Node] = set()
     for n in graph.nodes:
         # a stand-in for an unsent gradient (remat.capture.unsent_grads) is the backward's
-        if is_tangent(n) or n.meta.get(UNSENT) or any(a in backward for a in n.all_input_nodes):
+        if is_tangent(n) or is_unsent(n) or any(a in backward for a in n.all_input_nodes):
             if n.op != "output":
                 backward.add(n)
     return Halves(primals=primals, static=frozenset(primals[i] for i in static_input_indices if i < len(primals)),

@@ -16,7 +16,7 @@ import torch.fx as fx
 from ..core.peak import Schedule
 from ..planning.nesting import copy_of
 from . import cost
-from .halves import UNSENT, Halves, is_tangent
+from .halves import Halves, is_tangent, is_unsent
 from .op_facts import op_facts, view_root
 from .provenance import decomposed_key
 
@@ -113,7 +113,7 @@ def step_schedule(gm: fx.GraphModule, h: Halves, backend: Backend | None, eager_
     for n, r in zip(nodes, roots):
         own = r is n and n not in primals and n not in inside and not isinstance(n.meta.get("val"), (tuple, list))
         # a gradient never sent has no bytes (Note [Gradients the caller does not send])
-        own = own and not (is_tangent(n) and n.meta.get(UNSENT))
+        own = own and not (is_tangent(n) and is_unsent(n))
         nbytes.append(cost.nbytes(n.meta.get("val")) if own and n.op != "get_attr" else 0)
     return Schedule(
         inputs=tuple(tuple(ids[a] for a in n.all_input_nodes if a in ids) for n in nodes),

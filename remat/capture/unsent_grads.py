@@ -40,7 +40,7 @@ import torch
 import torch.fx as fx
 
 from .. import compat
-from ..analysis.halves import UNSENT, is_tangent
+from ..analysis.halves import UNSENT, is_tangent, is_unsent
 from ..analysis.op_facts import view_root
 from ..core.reach import reachable
 from ..errors import RematError
@@ -51,11 +51,6 @@ __all__ = ["UNSENT", "PLANNED", "BUDGETED", "ForwardWithoutZeroFill", "UnsentDis
 
 PLANNED, BUDGETED = "planned", "budgeted"
 """``UNSENT`` on a tangent placeholder a stand-in replaced: planned without a budget, or with one."""
-
-
-def is_unsent(node: fx.Node) -> bool:
-    """A tangent placeholder a stand-in replaced, or the stand-in itself."""
-    return bool(node.meta.get(UNSENT))
 
 
 def _val(node: fx.Node) -> Any:

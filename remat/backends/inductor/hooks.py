@@ -15,8 +15,9 @@ import torch.fx as fx
 from torch._inductor import config as inductor_config  # versions.HOOKS["inductor_caches_off"]
 
 from ... import compat
-from ...analysis.halves import UNSENT
+from ...analysis.halves import is_unsent
 from ...versions import drift
+from ..base import WrapBackward
 from .facts import Kind
 from .lowering import fusion_blocks, node_lowering
 from .wrapper_reading import read_allocations
@@ -60,7 +61,7 @@ def graph_io_names(gm: fx.GraphModule) -> tuple[list[str | None], list[str], set
     out = gm.graph.find_nodes(op="output")[0].args[0]
     outs = [_saved_name(a) if isinstance(a, fx.Node) else None
             for a in (out if isinstance(out, (tuple, list)) else [out])]
-    holders = [n for n in gm.graph.find_nodes(op="placeholder") if not n.meta.get(UNSENT)]
+    holders = [n for n in gm.graph.find_nodes(op="placeholder") if not is_unsent(n)]
     scalars = {n.name for n in holders if getattr(n.meta.get("val"), "ndim", None) == 0}
     return outs, [n.name for n in holders], scalars
 
@@ -71,7 +72,7 @@ GraphNames = tuple[list[str | None], list[str], set[str]]
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Any,
                on_graph: Callable[[bool, GraphNames, Any], None] | None = None, *, stock: bool = False,
-               wrap_backward: Callable[[fx.GraphModule, Callable[[], Any]], Any] | None = None) -> Any:
+               wrap_backward: WrapBackward | None = None) -> Any:
     """Inductor's entry point. ``torch._inductor.compile_fx.compile_fx`` and its
     ``inner_compile`` argument (``compile_fx_inner``; ``versions.HOOKS["compile_fx"]``). Its
     ``config_patches`` and ``inner_compile`` also apply to the backward, which AOTAutograd
