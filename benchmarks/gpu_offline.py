@@ -336,6 +336,8 @@ def main() -> None:
     ap.add_argument("--pad-mm", default="off", choices=["off", "force"],
                     help="force: every misaligned matmul padded, as a GPU may (default: none)")
     ap.add_argument("--offload", default="false", choices=["false", "auto", "all"], help="remat's offload option")
+    ap.add_argument("--issue-us", type=float, default=0.0,
+                    help="the host's time to issue one offloaded value's copies (Link.issue_seconds), in us")
     ap.add_argument("--one-graph", action="store_true",
                     help="logger calls do not split the graph, as under a budget (HF GPT-2's loss in its graph)")
     ap.add_argument("--stock", action="store_true", help="torch.compile's own partition, as remat measures it")
@@ -350,7 +352,7 @@ def main() -> None:
     if a.offload != "false":  # the H100's pinned host link as measured there (real-models-h100-08-llama.json)
         from remat.core.offload import Link
         from remat.planning import offload
-        offload._LINKS[fake_gpu.H100.name] = Link(d2h=53.6e9, h2d=54.0e9)
+        offload._LINKS[fake_gpu.H100.name] = Link(d2h=53.6e9, h2d=54.0e9, issue_seconds=a.issue_us * 1e-6)
     rows = [r for m in a.models for r in run(m, budgets, a.pad_mm == "force", a.one_graph,
                                                        False if a.offload == "false" else a.offload)]
     if a.out:

@@ -37,7 +37,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     link = host_link(torch.device("cuda"))
     wl = zoo.build(args.model, tiny=False, device="cuda", dtype=torch.bfloat16, no_dropout=True)
-    rows = {"link_gbps": [link.d2h / 1e9, link.h2d / 1e9]}
+    rows = {"link_gbps": [link.d2h / 1e9, link.h2d / 1e9], "issue_us": link.issue_seconds * 1e6}
     for mode in (False, args.mode):
         torch._dynamo.reset()
         m = remat.checkpoint(wl.model, backend="eager", tune=False, offload=mode)

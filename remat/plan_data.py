@@ -174,6 +174,9 @@ class Offloaded:
     lets its device copy go (Note [Offload copies] in ``remat.capture.offload_pass``). Empty op
     by op: its device copy is dropped when the copy out is issued, the allocator holding the
     block until the copy ends."""
+    issue_seconds: float = 0.0
+    """The host's time to issue its copies and their waits, measured per device (Note [Copies
+    the host issues] in ``remat.core.offload``): in the plan's time cost, never hidden."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +344,11 @@ class PlanData:
         return sum(o.stall_seconds for o in self.offloaded)
 
     @property
+    def offload_issue_seconds(self) -> float:
+        """The host's time to issue the offloaded values' copies (``Offloaded.issue_seconds``)."""
+        return sum(o.issue_seconds for o in self.offloaded)
+
+    @property
     def key(self) -> PlanKey:
         """What identifies this plan among the plans of one graph, across traces of it: the
         names of its saved values (``HOST_MARK`` after those it offloads) and of the ops it
@@ -352,8 +360,9 @@ class PlanData:
     def cost_seconds(self) -> float:
         """Its estimated time cost: recompute time plus saved traffic (``traffic_seconds``), the
         quantity the default plan's cut minimises and the time axis of the frontier and of a
-        budget's choice."""
-        return self.recompute_seconds + self.traffic_seconds + self.offload_stall_seconds
+        budget's choice; with offload, the copies' stall and the host's time to issue them."""
+        return (self.recompute_seconds + self.traffic_seconds + self.offload_stall_seconds
+                + self.offload_issue_seconds)
 
     @property
     def tradeoff(self) -> Tradeoff:

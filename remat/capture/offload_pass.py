@@ -36,8 +36,8 @@ bytes while the copy runs, is not in the peak model. ``to_device`` refuses a hos
 not pinned: on CUDA that can only be such a copy, and training on it could read a half-written
 copy.
 
-The three are operators of the ``remat`` library (``torch.library``), with fake
-implementations, so that Inductor compiles the partitioned graphs with them: each is a fallback
+The three are operators of the ``remat`` library (``torch.library``, Note [Offload ops' host
+cost]), with fake implementations, so that Inductor compiles the partitioned graphs with them: each is a fallback
 kernel that stays where the graph puts it, ``to_host`` and ``to_device`` allocate their results
 and ``ready`` returns its input (an alias: Inductor frees the buffer after the alias's last
 reader). Events are keyed by the data pointer of the copy's result, taken by ``ready``.
@@ -45,14 +45,15 @@ reader). Events are keyed by the data pointer of the copy's result, taken by ``r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.fx as fx
 
-__all__ = ["Move", "insert_offload", "to_host", "to_device", "ready"]
+__all__ = ["Move", "insert_offload", "to_host", "to_device", "ready", "issue_seconds"]
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,28 @@ class Move:
     released_after: str = ""
 
 
-_streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
 _copies: dict[int, torch.cuda.Event] = {}  # data pointer of a copy's result -> the copy's event, until ``ready``
 
 
-def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
-    """The device-to-host and host-to-device streams of ``device``, made once."""
-    if device not in _streams:
-        _streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
-    return _streams[device]
+class _Side:
+    """The device-to-host and host-to-device streams of one CUDA device, made once
+    (``_side``)."""
+
+    __slots__ = ("d2h", "h2d")
+
+    def __init__(self, device: torch.device):
+        self.d2h = torch.cuda.Stream(device)
+        self.h2d = torch.cuda.Stream(device)
+
+
+_sides: dict[torch.device, _Side] = {}
+
+
+def _side(device: torch.device) -> _Side:
+    side = _sides.get(device)
+    if side is None:
+        side = _sides[device] = _Side(device)
+    return side
 
 
 def _laid_out(x: torch.Tensor, stride: Sequence[int], device: torch.device | str) -> torch.Tensor:
@@ -90,9 +104,28 @@ def _same_layout(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> boo
     return all(n == 1 or x == y for n, x, y in zip(size, a, b))
 
 
-@torch.library.custom_op("remat::to_host", mutates_args=())
-def _to_host(x: torch.Tensor, held: bool = False,
-             stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045 (custom_op infers the schema)
+# Note [Offload ops' host cost]
+# Each offloaded value costs the host a few operator calls a step (``to_host``, ``ready`` twice,
+# ``to_device``), whatever its bytes: on an H100 with torch 2.11 (HF GPT-2, 82 values) about
+# 0.4 ms of CPU a value, profiled, against 40 us of copy each way, and a step that was already
+# bound by the host took that time on top (benchmarks/README.md, section Gradients the caller does
+# not send). So the three are plain operators of the ``remat`` library (``Library.define`` with
+# one implementation for every backend), not ``torch.library.custom_op``s, whose Python wrapper
+# costs several microseconds more a call (on a CPU with torch 2.13: 10 against 3 us). What a
+# value's copies still cost the host is measured once per device (``issue_seconds``, through
+# ``remat.planning.offload.host_link``) and counted in the plans that offload (Note [Copies the
+# host issues] in ``remat.core.offload``).
+_LIB = torch.library.Library("remat", "FRAGMENT")
+_LIB.define("to_host(Tensor x, bool held=False, int[]? stride=None) -> Tensor")
+_LIB.define("to_device(Tensor host, Device device) -> Tensor")
+# ``ready`` returns its input: an alias, defined with an alias annotation (as ``torch.library``
+# documents); the partitioned graphs are not functionalized again, and Inductor runs it as a
+# fallback whose output shares its input's buffer.
+_LIB.define("ready(Tensor(a) x, Tensor? held=None) -> Tensor(a)")
+
+
+@torch.library.impl("remat::to_host", "CompositeExplicitAutograd", lib=_LIB)
+def _to_host(x: torch.Tensor, held: bool = False, stride: Sequence[int] | None = None) -> torch.Tensor:
     """``x`` copied to host memory, with ``stride`` (the graph's strides of the value; ``x``'s when
     not given) (Note [Offload copies]). ``held``: the graph keeps ``x`` until a ``ready`` of the
     result (the compiled forward); otherwise the allocator holds its block for the copy
@@ -100,9 +133,10 @@ def _to_host(x: torch.Tensor, held: bool = False,
     stride = x.stride() if stride is None else stride
     if x.device.type != "cuda":
         return _laid_out(x, stride, x.device)
-    d2h, _ = _side_streams(x.device)
+    d2h = _side(x.device).d2h
+    compute = torch.cuda.current_stream(x.device)
     host = torch.empty_strided(x.size(), stride, dtype=x.dtype, device="cpu", pin_memory=True)
-    d2h.wait_stream(torch.cuda.current_stream(x.device))
+    d2h.wait_stream(compute)
     with torch.cuda.stream(d2h):
         # a copy between two layouts is no memcpy: torch would stage it through pageable memory,
         # synchronously; laid out as the host tensor on the device first (on this stream), it is one
@@ -115,12 +149,12 @@ def _to_host(x: torch.Tensor, held: bool = False,
     return host
 
 
-@_to_host.register_fake
-def _(x: torch.Tensor, held: bool = False, stride: Optional[list[int]] = None) -> torch.Tensor:  # noqa: UP045
+@torch.library.register_fake("remat::to_host", lib=_LIB)
+def _(x: torch.Tensor, held: bool = False, stride: Sequence[int] | None = None) -> torch.Tensor:
     return torch.empty_strided(x.size(), x.stride() if stride is None else stride, dtype=x.dtype, device="cpu")
 
 
-@torch.library.custom_op("remat::to_device", mutates_args=())
+@torch.library.impl("remat::to_device", "CompositeExplicitAutograd", lib=_LIB)
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` copied back to ``device``, the copy issued on a side stream (Note [Offload copies])."""
     if device.type != "cuda":
@@ -131,27 +165,20 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
             "on the host after its copy from the device was issued (perhaps before that copy finished); the "
             "gradients could be wrong, so the step stops here (Note [Offload copies]). Train without offload "
             "(offload=False) and please report this with your torch version")
-    d2h, h2d = _side_streams(device)
+    side = _side(device)
     compute = torch.cuda.current_stream(device)
     out = torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device)
-    h2d.wait_stream(compute)
-    h2d.wait_stream(d2h)
-    with torch.cuda.stream(h2d):
+    side.h2d.wait_stream(compute)
+    side.h2d.wait_stream(side.d2h)
+    with torch.cuda.stream(side.h2d):
         out.copy_(host, non_blocking=True)
-    _copies[out.data_ptr()] = h2d.record_event()
+    _copies[out.data_ptr()] = side.h2d.record_event()
     return out
 
 
-@_to_device.register_fake
+@torch.library.register_fake("remat::to_device", lib=_LIB)
 def _(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device)
-
-
-# ``ready`` returns its input: an alias, which ``custom_op`` does not allow, so it is defined with
-# an alias annotation (as ``torch.library`` documents); the partitioned graphs are not
-# functionalized again, and Inductor runs it as a fallback whose output shares its input's buffer.
-_LIB = torch.library.Library("remat", "FRAGMENT")
-_LIB.define("ready(Tensor(a) x, Tensor? held=None) -> Tensor(a)")
 
 
 @torch.library.impl("remat::ready", "CompositeExplicitAutograd", lib=_LIB)
@@ -173,6 +200,24 @@ def _(x: torch.Tensor, held: torch.Tensor | None = None) -> torch.Tensor:
 to_host = torch.ops.remat.to_host.default
 to_device = torch.ops.remat.to_device.default
 ready = torch.ops.remat.ready.default
+
+
+def issue_seconds(device: torch.device, values: int = 32) -> float:
+    """The host's seconds to issue one offloaded value's ops on CUDA ``device`` (``to_host`` of a
+    held copy, its ``ready``, ``to_device`` and its ``ready``): ``values`` values of 4 KiB issued
+    one after another, as a step issues them, the best of three rounds after a warm-up (Note
+    [Offload ops' host cost]). The copies' own time is the link's, not counted here."""
+    x = torch.empty(4096, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(4):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        hosts = [ready(to_host(x, True, None), x) for _ in range(values)]
+        backs = [ready(to_device(h, device)) for h in hosts]
+        best = min(best, time.perf_counter() - start)
+        torch.cuda.synchronize(device)
+        del hosts, backs
+    return best / values
 
 
 def _with_val(node: fx.Node, like: fx.Node, device: str | torch.device,

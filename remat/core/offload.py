@@ -45,15 +45,36 @@ _EPS = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """The host link: bytes per second device-to-host (``d2h``) and host-to-device (``h2d``)."""
+    """The host link: bytes per second device-to-host (``d2h``) and host-to-device (``h2d``), and
+    the host's seconds to issue one value's copies and their waits (``issue_seconds``, Note
+    [Copies the host issues])."""
 
     d2h: float
     h2d: float
+    issue_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name, bw in (("d2h", self.d2h), ("h2d", self.h2d)):
             if not bw > 0:
                 raise ValueError(f"remat: link bandwidth {name} must be > 0 bytes/s, got {bw!r}")
+        if not (self.issue_seconds >= 0 and math.isfinite(self.issue_seconds)):
+            raise ValueError(f"remat: issue_seconds must be finite and >= 0, got {self.issue_seconds!r}")
+
+    def worth_a_copy(self, nbytes: int) -> bool:
+        """Whether the link carries ``nbytes`` each way for at least as long as the host takes to
+        issue the copies (Note [Copies the host issues])."""
+        return nbytes / max(self.d2h, self.h2d) >= self.issue_seconds
+
+
+# Note [Copies the host issues]
+# Every offloaded value costs the host the same few calls a step whatever its bytes (issuing the
+# copy out, the copy back and the waits for them), ``Link.issue_seconds``, measured on the device.
+# The timeline above is the device's: it hides a copy behind compute, not the host's time to issue
+# it, and a step the host already bounds (small kernels, many of them) takes that time on top. So
+# a plan pays each offloaded value's issue time in its time cost (``PlanData.cost_seconds``), and
+# ``hidden`` keeps only values the link carries for at least as long as the host takes to issue
+# them (``Link.worth_a_copy``): below that, offloading many values makes the host, not the link,
+# what the copies wait for. With ``issue_seconds`` 0 every value is worth a copy.
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +143,17 @@ def schedule(cands: Iterable[OffloadCandidate], seconds: Sequence[float], bounda
 def hidden(cands: Iterable[OffloadCandidate], seconds: Sequence[float], boundary: int,
            link: Link) -> OffloadSchedule:
     """The values to offload so that no copy stalls compute and each one is absent from the
-    device for at least one op. Greedy, not optimal: candidates by descending bytes (ties by
-    node), each kept when the schedule with it still has no stall and every kept value is still
-    absent somewhere; a value that would break that is skipped and the next one tried."""
+    device for at least one op, among those worth a copy (``Link.worth_a_copy``, Note [Copies
+    the host issues]). Greedy, not optimal: candidates by descending bytes (ties by node), each
+    kept when the schedule with it still has no stall and every kept value is still absent
+    somewhere; a value that would break that is skipped and the next one tried."""
     cands = tuple(cands)
     _check(cands, seconds, boundary)
     line = _Timeline(seconds, link)  # the op times once: each trial only re-times the copies
     chosen: list[OffloadCandidate] = []
     best = OffloadSchedule()
     for c in sorted(cands, key=lambda c: (-c.nbytes, c.node)):
-        if c.nbytes <= 0:
+        if c.nbytes <= 0 or not link.worth_a_copy(c.nbytes):
             continue
         trial = line.schedule((*chosen, c))
         if trial.stall_seconds == 0 and all(e.absent for e in trial.entries):

@@ -76,7 +76,8 @@ _LINKS: dict[str, timeline.Link] = {}
 
 def host_link(device: torch.device) -> timeline.Link | None:
     """The pinned host link of a CUDA ``device``, measured once per device name (a 64 MiB copy
-    each way, the best of three); None for a CPU, whose memory is the host's."""
+    each way, the best of three, and the host's time to issue one value's copies, Note [Copies
+    the host issues]); None for a CPU, whose memory is the host's."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
@@ -101,7 +102,9 @@ def _measured(device: torch.device) -> timeline.Link:
             torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - t)
         rates.append(n / best)
-    return timeline.Link(d2h=rates[0], h2d=rates[1])
+    from ..capture.offload_pass import issue_seconds  # the runtime's own ops, timed as a step issues them
+
+    return timeline.Link(d2h=rates[0], h2d=rates[1], issue_seconds=issue_seconds(device))
 
 
 def _device(jg: JointGraph) -> torch.device:
@@ -202,8 +205,11 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
     if mode == "all" and any(e.reloaded_at < len(fwd) for e in chosen.entries):
         chosen = _started_in_backward(chosen, seconds, len(fwd), link)
     if not chosen.entries:
+        small = sum(not link.worth_a_copy(c.nbytes) for c in cands)
         return replace(plan, notes=(*plan.notes, f"offload={mode!r}: no copy is hidden behind the step's compute "
-                                                 "(estimated), nothing offloaded"))
+                                                 "(estimated), nothing offloaded"
+                                    + (f"; {small} of {movable} movable values too small to be worth the host's time "
+                                       "to issue their copies (Note [Copies the host issues])" if small else "")))
     ready = {c.node: c.ready for c in cands}
     ends = list(accumulate(seconds))
     moves, waits = {}, {}
@@ -219,12 +225,15 @@ def with_offload(jg: JointGraph, saved_ids: list[int], plan: Plan, mode: str, de
         peak = plan.predicted_peak_bytes
     offloaded = tuple(Offloaded(s.names[e.node], e.nbytes, (e.out_start, e.out_end), (e.in_start, e.in_end),
                                 e.stall + waits[e.node], reload_before=s.names[order[moves[e.node].reloaded_at]],
-                                released_after=s.names[order[moves[e.node].released_after]] if compiled else "")
+                                released_after=s.names[order[moves[e.node].released_after]] if compiled else "",
+                                issue_seconds=link.issue_seconds)
                       for e in chosen.entries)
     note = (f"offload={mode!r}: {len(offloaded)} of {movable} movable saved values, timed on the step's estimated "
             f"{sum(seconds[:len(fwd)]) * 1e3:.3f} ms forward and {sum(seconds[len(fwd):]) * 1e3:.3f} ms backward"
             + (" (compiled: FLOPs only outside matmuls)" if compiled else "")
-            + f" over a {link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)")
+            + f" over a {link.d2h / 1e9:.1f}/{link.h2d / 1e9:.1f} GB/s host link (to/from)"
+            + (f", {link.issue_seconds * 1e6:.0f} us of host time to issue each value's copies"
+               if link.issue_seconds else ""))
     if measured is None:
         note += ("; the device is the host (CPU): the copies save no memory, "
                  + ("their host copies count in the peak" if compiled else "the peak is the plan's without them"))
@@ -248,19 +257,23 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
         out.append(replace(c, plan=with_offload(g, list(c.saved), c.plan, mode, dev, timelines[id(g)])))
     if fits is None or host_link(_device(jg)) is None:  # where the device is the host, moving saves nothing
         return out
-    if fits(out[0]):  # the budget takes the default plan (``choose``)
+    # where hidden copies cost the host time, the default plan is the one without them, and the
+    # candidates are also offered without theirs (Note [Copies the host issues])
+    costly = out[0].time > found[0].time
+    if fits(out[0]) and not costly:  # the budget takes the default plan (``choose``)
         return out
-    fastest = min((h.time for h in out if fits(h)), default=math.inf)
+    plain = [c for k, (c, h) in enumerate(zip(found, out)) if k and h.time > c.time]
+    fastest = min((h.time for h in (*out, *plain) if fits(h)), default=math.inf)
     more: list[tuple[int, list[Candidate]]] = []
-    for k in sorted(range(len(found)), key=lambda k: out[k].time):  # the fastest first: ``fastest`` falls early
+    for k in sorted(range(len(found)), key=lambda k: found[k].time):  # the fastest first: ``fastest`` falls early
         c, h = found[k], out[k]
-        if h.time >= fastest:
+        if c.time >= fastest:
             break  # a rung costs at least its candidate's time: no later ladder can win (nor does one that fits)
         g = c.jg or jg
         rungs = _ladder(c, h, g, dev, timelines[id(g)], fits)
         more.append((k, rungs))
         fastest = min((fastest, *(r.time for r in rungs if fits(r))))
-    return out + [r for _, rungs in sorted(more, key=lambda m: m[0]) for r in rungs]
+    return [found[0]] * costly + out + plain + [r for _, rungs in sorted(more, key=lambda m: m[0]) for r in rungs]
 
 
 # Note [Offload under a budget]
@@ -296,17 +309,28 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
 # checks the choice against every ladder). The frontier a budgeted graph keeps lacks the rungs
 # not built, so tuning's smaller plans (``Tuning.frontier``) come from the ladders built;
 # ``pareto`` plans without a budget and builds none.
+#
+# Where issuing a copy costs the host time (``Link.issue_seconds``, measured on CUDA: Note [Copies
+# the host issues] in ``remat.core.offload``), hidden copies are no longer free: a candidate is
+# also offered without its hidden offloads (faster, larger; the default plan without them is the
+# one the budget takes where it fits), its ladder's rungs are the 1, 2, 4,
+# ... largest movable values, hidden or not (a rung pays for every copy it makes, so it starts
+# from the fewest bytes-heaviest ones), and a ladder is built for a candidate only while its plan
+# without offloads is faster than every plan that fits.
 
 
 def _ladder(c: Candidate, hidden: Candidate, g: JointGraph, dev: DeviceModel, seconds: list[float],
             fits: Callable[[Candidate], bool]) -> list[Candidate]:
     """``c`` with what ``hidden`` (its ``"auto"`` plan) offloads and the 1, 2, 4, ... largest other
-    movable values, up to every one (``"all"``); each offload set once, none equal to the hidden
-    one's (Note [Offload under a budget]). The rungs stop after the first that ``fits`` and those
-    as fast as it (more offloads wait no less: only a tie in time can still win, on its lower
-    peak); ``"all"`` is always among them."""
+    movable values, up to every one (``"all"``); where the host's time to issue a copy counts
+    (``Link.issue_seconds``), the 1, 2, 4, ... largest movable values, hidden or not (Note
+    [Copies the host issues]). Each offload set once, none equal to the hidden one's (Note
+    [Offload under a budget]). The rungs stop after the first that ``fits`` and those as fast as
+    it (more offloads wait no less: only a tie in time can still win, on its lower peak);
+    ``"all"`` is always among them."""
     everything = replace(c, plan=with_offload(g, list(c.saved), c.plan, "all", dev, seconds))
     hid = frozenset(o.name for o in hidden.plan.offloaded)
+    base = frozenset() if any(o.issue_seconds for o in everything.plan.offloaded) else hid
     seen, out = {hid}, []
 
     def add(rung: Candidate) -> None:
@@ -317,7 +341,7 @@ def _ladder(c: Candidate, hidden: Candidate, g: JointGraph, dev: DeviceModel, se
 
     extra, fitted = 1, None
     while True:
-        rung = replace(c, plan=with_offload(g, list(c.saved), c.plan, "all", dev, seconds, extra=extra, hidden=hid))
+        rung = replace(c, plan=with_offload(g, list(c.saved), c.plan, "all", dev, seconds, extra=extra, hidden=base))
         if len(rung.plan.offloaded) >= len(everything.plan.offloaded):
             break
         if fitted is not None and rung.time > fitted.time:

@@ -84,13 +84,14 @@ def _saved_table(plan: PlanData) -> str:
 
 
 def _offloaded_table(plan: PlanData) -> str:
-    cols = ("name", "bytes", "copy out (ms)", "copy back (ms)", "issued before", "stall (ms)")
+    cols = ("name", "bytes", "copy out (ms)", "copy back (ms)", "issued before", "stall (ms)", "host (ms)")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     rows = ["<tr>" + "".join([
         _td(o.name), _td(format_bytes(o.nbytes), True),
         _td(f"{o.copy_out[0] * 1e3:.3f}-{o.copy_out[1] * 1e3:.3f}", True),
         _td(f"{o.copy_in[0] * 1e3:.3f}-{o.copy_in[1] * 1e3:.3f}", True), _td(o.reload_before),
-        _td(f"{o.stall_seconds * 1e3:.3f}", True)]) + "</tr>" for o in plan.offloaded]
+        _td(f"{o.stall_seconds * 1e3:.3f}", True), _td(f"{o.issue_seconds * 1e3:.3f}", True)]) + "</tr>"
+        for o in plan.offloaded]
     return f'<table class="saved">{head}{"".join(rows)}</table>'
 
 
@@ -119,7 +120,8 @@ def render_html(plan: PlanData, *, title: str = "remat plan", frontier: Any = No
     if plan.offloaded:
         parts += ['<h2 id="offloaded">Offloaded to host memory</h2>',
                   f'<p class="note">{format_bytes(plan.host_bytes)} in host memory during the step; copies estimated '
-                  f"on the step's op timeline (stall {plan.offload_stall_seconds * 1e3:.3f} ms)</p>",
+                  f"on the step's op timeline (stall {plan.offload_stall_seconds * 1e3:.3f} ms; host time to issue "
+                  f"them {plan.offload_issue_seconds * 1e3:.3f} ms)</p>",
                   _offloaded_table(plan)]
     counts = plan.recompute_counts()
     if counts:

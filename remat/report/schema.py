@@ -33,7 +33,8 @@ incompatible change). Top-level keys:
                  ``checkpoints`` (``remat.planning.nesting``); empty for other plans.
 ``offloaded``    list of the saved values kept in host memory between the halves (``offload=``):
                  ``name``, ``bytes``, ``copy_out`` and ``copy_in`` (estimated [start, end]
-                 seconds from the step's start), ``stall_seconds``, ``reload_before`` (the
+                 seconds from the step's start), ``stall_seconds``, ``issue_seconds`` (the host's
+                 time to issue its copies), ``reload_before`` (the
                  backward op the copy back is issued before), ``released_after`` (compiled:
                  the forward op its device copy is let go after; empty op by op); empty
                  without offload.
@@ -94,7 +95,7 @@ SCHEMA: dict[str, Any] = {
         "offloaded": {"type": "array", "items": _obj({
             "name": _STR, "bytes": _INT, "copy_out": {"type": "array", "items": {"type": "number"}},
             "copy_in": {"type": "array", "items": {"type": "number"}}, "stall_seconds": {"type": "number"},
-            "reload_before": _STR, "released_after": _STR})},
+            "issue_seconds": {"type": "number"}, "reload_before": _STR, "released_after": _STR})},
         "budget_bytes": {"type": ["integer", "null"]},
         "notes": {"type": "array", "items": _STR},
         "compiled_for": _STR,
@@ -129,7 +130,8 @@ def to_dict(plan: PlanData, *, nodes: bool = True) -> dict[str, Any]:
         "checkpoints": list(plan.checkpoints),
         "nested": list(plan.nested),
         "offloaded": [{"name": o.name, "bytes": o.nbytes, "copy_out": list(o.copy_out), "copy_in": list(o.copy_in),
-                       "stall_seconds": o.stall_seconds, "reload_before": o.reload_before,
+                       "stall_seconds": o.stall_seconds, "issue_seconds": o.issue_seconds,
+                       "reload_before": o.reload_before,
                        "released_after": o.released_after} for o in plan.offloaded],
         "budget_bytes": plan.budget_bytes,
         "notes": list(plan.notes),

@@ -65,11 +65,12 @@ def render(plan: PlanData) -> str:
         lines.append(f"(+ {free} parameters/buffers saved at no cost: they live anyway)")
     lines += _recompute_lines(plan)
     if plan.offloaded:
-        stall = plan.offload_stall_seconds
+        stall, issue = plan.offload_stall_seconds, plan.offload_issue_seconds
         lines.append(f"offloaded to host memory: {', '.join(o.name for o in plan.offloaded)} "
                      f"({format_bytes(plan.host_bytes)} in host memory during the step; copies "
-                     + (f"estimated to stall the step {stall * 1e3:.3f} ms)" if stall
-                        else "hidden behind compute, estimated)"))
+                     + (f"estimated to stall the step {stall * 1e3:.3f} ms" if stall
+                        else "hidden behind compute, estimated")
+                     + (f"; {issue * 1e3:.3f} ms of host time to issue them, measured per copy)" if issue else ")"))
     lines += list(plan.notes)
     if plan.compiled_for:
         lines.append(f"compiled for inputs: {plan.compiled_for}")

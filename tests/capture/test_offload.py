@@ -374,3 +374,68 @@ def test_to_host_lays_its_copy_out_with_the_strides_it_is_given():
     back = offload_pass.ready(offload_pass.to_device(host, torch.device("cpu")))
     assert back.stride() == (1, 4) and torch.equal(back, x)
     assert offload_pass._same_layout((1, 5), (7, 1), (5, 1)) and not offload_pass._same_layout((2, 3), (3, 1), (1, 2))
+
+
+def _link(monkeypatch, gbs: float, issue: float):
+    from remat.core.offload import Link
+    from remat.planning import offload as planning_offload
+
+    monkeypatch.setattr(planning_offload, "host_link", lambda device: Link(d2h=gbs, h2d=gbs, issue_seconds=issue))
+
+
+def test_the_host_time_to_issue_copies_is_in_the_plans_time_and_its_report(monkeypatch):
+    # Note [Copies the host issues]: each offloaded value adds the measured host time to the plan's
+    # time cost, beside the copies' stall, and print, the JSON and the HTML report say so
+    import json
+
+    from remat.report.html import render_html
+
+    _link(monkeypatch, 5e10, 1e-6)
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    plan = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="all"), x)
+    assert len(plan.offloaded) == 3 and plan.offload_issue_seconds == pytest.approx(3e-6)
+    assert plan.cost_seconds == pytest.approx(plan.recompute_seconds + plan.traffic_seconds
+                                              + plan.offload_stall_seconds + 3e-6)
+    assert "0.003 ms of host time to issue them" in str(plan)
+    assert [o["issue_seconds"] for o in json.loads(plan.to_json())["offloaded"]] == [1e-6] * 3
+    assert "host time to issue them 0.003 ms" in render_html(plan)
+
+
+def test_auto_leaves_values_whose_copies_take_the_host_longer_than_the_link(monkeypatch):
+    # 512 KiB at 50 GB/s take about 10 us each way: with 1 ms of host time a value none is worth it
+    _link(monkeypatch, 5e10, 1e-3)
+    torch._dynamo.reset()
+    base, x = _mlp(), torch.randn(512, 256)
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto", strict=True)
+    _grads_match(m, copy.deepcopy(base), lambda mod: mod(x).square().mean().backward())
+    (plan,) = remat.compiled_plans(m)
+    assert plan.offloaded == ()
+    assert any("3 of 3 movable values too small to be worth the host's time" in n for n in plan.notes)
+    _link(monkeypatch, 5e10, 1e-6)  # at 1 us they are
+    torch._dynamo.reset()
+    plan = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto"), x)
+    assert [o.name for o in plan.offloaded] == ["tanh", "tanh_1", "tanh_2"]
+
+
+def test_under_a_budget_copies_that_cost_the_host_lose_to_recompute_that_costs_less(monkeypatch):
+    # Note [Offload under a budget]: with 2.5 ms of host time a copy (512 KiB take 2.6 ms over the
+    # link: each value is worth a copy, and the link hides some), a budget between the default plan
+    # and the smallest recompute plan takes the fastest plan that fits without offload (3.6 ms of
+    # recompute, estimated), not a cut with its hidden copies paid for
+    torch._dynamo.reset()
+    base, x = _mlp(depth=8), torch.randn(512, 256)
+    f = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager"), x)
+    smallest = min(p.predicted_peak_bytes for p in f.points)
+    budget = (f.default.predicted_peak_bytes + smallest) // 2
+    fastest_plain = min(p.cost_seconds for p in f.points if p.predicted_peak_bytes <= budget)
+    _link(monkeypatch, 2e8, 2.5e-3)
+    torch._dynamo.reset()
+    hidden = remat.pareto(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto"), x)
+    assert any(p.offloaded for p in hidden.points)
+    torch._dynamo.reset()
+    m = remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto", budget=budget, strict=True)
+    _grads_match(m, copy.deepcopy(base), lambda mod: mod(x).square().mean().backward())
+    (plan,) = remat.compiled_plans(m)
+    assert plan.offloaded == () and plan.predicted_peak_bytes <= budget
+    assert plan.cost_seconds == pytest.approx(fastest_plain)

@@ -151,3 +151,17 @@ def test_invalid_input_raises(cands, seconds, boundary):
 def test_bandwidth_must_be_positive(d2h, h2d):
     with pytest.raises(ValueError, match="bandwidth"):
         Link(d2h, h2d)
+
+
+def test_hidden_leaves_values_the_host_takes_longer_to_issue_than_the_link_to_carry():
+    # Note [Copies the host issues]: at 100 B/s, 200 bytes take 2 s and 100 bytes 1 s each way; with
+    # 1.5 s of host time a value, only the 200-byte one is worth its copies
+    big, small = C(0, 200, 0, 9), C(1, 100, 1, 9)
+    assert hidden([big, small], UNIFORM, B, LINK).nodes == (0, 1)
+    slow_host = Link(d2h=100.0, h2d=100.0, issue_seconds=1.5)
+    assert slow_host.worth_a_copy(200) and not slow_host.worth_a_copy(100) and slow_host.worth_a_copy(150)
+    assert hidden([big, small], UNIFORM, B, slow_host).nodes == (0,)
+    assert schedule([big, small], UNIFORM, B, slow_host) == schedule([big, small], UNIFORM, B, LINK)  # device timing
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="issue_seconds must be finite and >= 0"):
+            Link(d2h=1.0, h2d=1.0, issue_seconds=bad)
