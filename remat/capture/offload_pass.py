@@ -106,12 +106,12 @@ def _same_layout(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> boo
 
 # Note [Offload ops' host cost]
 # Each offloaded value costs the host a few operator calls a step (``to_host``, ``ready`` twice,
-# ``to_device``), whatever its bytes: on an H100 with torch 2.11 (HF GPT-2, 82 values) about
+# ``to_device``), whatever its bytes: on an H100 (HF GPT-2, 82 values) about
 # 0.4 ms of CPU a value, profiled, against 40 us of copy each way, and a step that was already
 # bound by the host took that time on top (benchmarks/README.md, section Gradients the caller does
 # not send). So the three are plain operators of the ``remat`` library (``Library.define`` with
 # one implementation for every backend), not ``torch.library.custom_op``s, whose Python wrapper
-# costs several microseconds more a call (on a CPU with torch 2.13: 10 against 3 us). What a
+# costs several microseconds more a call (measured on a CPU: 10 against 3 us). What a
 # value's copies still cost the host is measured once per device (``issue_seconds``, through
 # ``remat.planning.offload.host_link``) and counted in the plans that offload (Note [Copies the
 # host issues] in ``remat.core.offload``).
