@@ -66,8 +66,9 @@ eager+ckpt replays eager's masks and should be near 0.
 Timing drifts between one strategy's steps and the next one's (on the H200 two runs of the same
 code put GPT-2's remat/compile ratio at 0.90 and 1.13): with ``--interleave ROUNDS`` each model's
 compiled strategies stay alive after they are measured and are then timed round-robin, one step
-each per round, and that median is the row's step ms (``timing`` says so; the sequential median
-stays as ``ms_sequential``). Use it where ratios within a few percent matter.
+each per round after ``WARM_ROUNDS`` untimed rounds, and that median is the row's step ms
+(``timing`` says so, ``ms_rounds`` has each round's; the sequential median stays as
+``ms_sequential``). Use it where ratios within a few percent matter.
 
 "remat bX" budgets are fractions of remat's predicted eager peak; "remat @ckpt peak" is the
 budget in bytes equal to compile+ckpt's measured peak (this run's, else the anchors file's), and
@@ -396,6 +397,10 @@ def timed_step(fn: Callable, model: nn.Module, wl: Workload, device: torch.devic
     return (time.perf_counter() - t) * 1e3
 
 
+WARM_ROUNDS = 2
+"""Untimed round-robin rounds before ``interleave`` times any (recompiles after a switch)."""
+
+
 def interleave(kept: dict, rows: list[dict], wl: Workload, device: torch.device, rounds: int) -> None:
     """Time the kept strategies' steps round-robin (one step each per round, the order rotated
     every round) and make the median of those the rows' ``ms``; the sequential median stays as
@@ -405,6 +410,14 @@ def interleave(kept: dict, rows: list[dict], wl: Workload, device: torch.device,
     and 1.13."""
     names = list(kept)
     times: dict[str, list[float]] = {n: [] for n in names}
+    # Untimed rounds first: strategies built on one model class share its code objects, and
+    # Dynamo recompiles a strategy's frames the first time or two it runs after another's (HF
+    # GPT-2's compile after compile+ckpt: 3,013 and 862 ms, then 9 ms, on a CPU; the H100's
+    # interleaved GPT-2 compile median was 4,064.78 ms against 29.79 sequential before this).
+    for r in range(WARM_ROUNDS):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fn, model = kept[n]
+            timed_step(fn, model, wl, device)
     for r in range(rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
             fn, model = kept[n]
@@ -414,6 +427,7 @@ def interleave(kept: dict, rows: list[dict], wl: Workload, device: torch.device,
         if got:
             row["ms_sequential"] = row["ms"]
             row["ms"], row["ms_min"] = statistics.median(got), min(got)
+            row["ms_rounds"] = got
             row["timing"] = f"interleaved: {rounds} rounds"
 
 
