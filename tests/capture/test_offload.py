@@ -162,6 +162,14 @@ def cuda_offload_peaks(backend: str, mode: str):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
+def test_issue_seconds_times_the_runtime_ops_and_leaves_no_copy_pending():
+    # Note [Copies the host issues]: what host_link measures is the ops' own host time, every event taken
+    before = dict(offload_pass._copies)
+    t = offload_pass.issue_seconds(torch.device("cuda"), values=8)
+    assert 0 < t < 0.05 and offload_pass._copies == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: copies on side streams to pinned memory")
 @pytest.mark.parametrize("mode", ["auto", "all"])
 def test_offload_on_cuda_keeps_gradients_and_lowers_the_measured_peak(mode):
     plan, peaks = cuda_offload_peaks("eager", mode)
