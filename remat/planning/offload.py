@@ -262,6 +262,8 @@ def offloading_candidates(found: list[Candidate], jg: JointGraph, mode: str, dev
     costly = out[0].time > found[0].time
     if fits(out[0]) and not costly:  # the budget takes the default plan (``choose``)
         return out
+    if costly and fits(found[0]):  # the budget takes the default plan without copies
+        return [found[0], *out]
     plain = [c for k, (c, h) in enumerate(zip(found, out)) if k and h.time > c.time]
     fastest = min((h.time for h in (*out, *plain) if fits(h)), default=math.inf)
     more: list[tuple[int, list[Candidate]]] = []

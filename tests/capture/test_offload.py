@@ -447,3 +447,7 @@ def test_under_a_budget_copies_that_cost_the_host_lose_to_recompute_that_costs_l
     (plan,) = remat.compiled_plans(m)
     assert plan.offloaded == () and plan.predicted_peak_bytes <= budget
     assert plan.cost_seconds == pytest.approx(fastest_plain)
+    torch._dynamo.reset()  # a budget the default plan meets: the default plan, without the copies it would hide
+    roomy = remat.explain(remat.checkpoint(copy.deepcopy(base), backend="eager", offload="auto",
+                                           budget=f.default.predicted_peak_bytes), x)
+    assert roomy.offloaded == () and roomy.key == f.default.key
