@@ -71,25 +71,14 @@ class Move:
 _copies: dict[int, torch.cuda.Event] = {}  # data pointer of a copy's result -> the copy's event, until ``ready``
 
 
-class _Side:
-    """The device-to-host and host-to-device streams of one CUDA device, made once
-    (``_side``)."""
-
-    __slots__ = ("d2h", "h2d")
-
-    def __init__(self, device: torch.device):
-        self.d2h = torch.cuda.Stream(device)
-        self.h2d = torch.cuda.Stream(device)
+_streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
 
 
-_sides: dict[torch.device, _Side] = {}
-
-
-def _side(device: torch.device) -> _Side:
-    side = _sides.get(device)
-    if side is None:
-        side = _sides[device] = _Side(device)
-    return side
+def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """The device-to-host and host-to-device streams of ``device``, made once."""
+    if device not in _streams:
+        _streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+    return _streams[device]
 
 
 def _laid_out(x: torch.Tensor, stride: Sequence[int], device: torch.device | str) -> torch.Tensor:
@@ -133,7 +122,7 @@ def _to_host(x: torch.Tensor, held: bool = False, stride: Sequence[int] | None =
     stride = x.stride() if stride is None else stride
     if x.device.type != "cuda":
         return _laid_out(x, stride, x.device)
-    d2h = _side(x.device).d2h
+    d2h, _ = _side_streams(x.device)
     compute = torch.cuda.current_stream(x.device)
     host = torch.empty_strided(x.size(), stride, dtype=x.dtype, device="cpu", pin_memory=True)
     d2h.wait_stream(compute)
@@ -165,14 +154,14 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
             "on the host after its copy from the device was issued (perhaps before that copy finished); the "
             "gradients could be wrong, so the step stops here (Note [Offload copies]). Train without offload "
             "(offload=False) and please report this with your torch version")
-    side = _side(device)
+    d2h, h2d = _side_streams(device)
     compute = torch.cuda.current_stream(device)
     out = torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device)
-    side.h2d.wait_stream(compute)
-    side.h2d.wait_stream(side.d2h)
-    with torch.cuda.stream(side.h2d):
+    h2d.wait_stream(compute)
+    h2d.wait_stream(d2h)
+    with torch.cuda.stream(h2d):
         out.copy_(host, non_blocking=True)
-    _copies[out.data_ptr()] = side.h2d.record_event()
+    _copies[out.data_ptr()] = h2d.record_event()
     return out
 
 
@@ -208,16 +197,16 @@ def issue_seconds(device: torch.device, values: int = 32) -> float:
     one after another, as a step issues them, the best of three rounds after a warm-up (Note
     [Offload ops' host cost]). The copies' own time is the link's, not counted here."""
     x = torch.empty(4096, dtype=torch.uint8, device=device)
-    best = float("inf")
-    for _ in range(4):
+    rounds = []
+    for _ in range(4):  # the first round warms up (pinned blocks, streams) and is not counted
         torch.cuda.synchronize(device)
         start = time.perf_counter()
         hosts = [ready(to_host(x, True, None), x) for _ in range(values)]
         backs = [ready(to_device(h, device)) for h in hosts]
-        best = min(best, time.perf_counter() - start)
+        rounds.append(time.perf_counter() - start)
         torch.cuda.synchronize(device)
         del hosts, backs
-    return best / values
+    return min(rounds[1:]) / values
 
 
 def _with_val(node: fx.Node, like: fx.Node, device: str | torch.device,

@@ -115,8 +115,7 @@ def stand_in_zeros(joint: fx.GraphModule, tangents: list[fx.Node], budgeted: boo
         t.replace_all_uses_with(z)
         t.meta[UNSENT] = BUDGETED if budgeted else PLANNED
         total += v.numel() * v.element_size()
-        for u in [u for u in z.users if _adds_zero(u, z)]:
-            other = u.args[1] if u.args[0] is z else u.args[0]
+        for u, other in [(u, o) for u in z.users if (o := _added_to(u, z)) is not None]:
             with graph.inserting_before(u):
                 a = graph.call_function(torch.ops.aten.alias.default, (other,))
             a.meta = {**u.meta, "val": compat.fake_value(torch.ops.aten.alias.default, (_val(other),), {}, _val(other)),
@@ -130,17 +129,17 @@ def stand_in_zeros(joint: fx.GraphModule, tangents: list[fx.Node], budgeted: boo
     return total
 
 
-def _adds_zero(u: fx.Node, z: fx.Node) -> bool:
-    """Whether ``u`` adds stand-in ``z`` to a value of ``u``'s own shape and dtype: ``u`` is that
-    value (an alias of it)."""
+def _added_to(u: fx.Node, z: fx.Node) -> fx.Node | None:
+    """The value ``u`` adds stand-in ``z`` to, where it has ``u``'s own shape and dtype (``u`` is
+    then that value: an alias of it); else None."""
     if u.target is not torch.ops.aten.add.Tensor or len(u.args) != 2 or list(u.args).count(z) != 1:
-        return False
+        return None
     other = u.args[1] if u.args[0] is z else u.args[0]
     if not isinstance(other, fx.Node) or not isinstance(_val(other), torch.Tensor):
-        return False
+        return None
     if u.args[0] is z and u.kwargs.get("alpha", 1) != 1:  # 0 + alpha * other
-        return False
-    return _alike(_val(other), _val(u)) and set(u.kwargs) <= {"alpha"}
+        return None
+    return other if _alike(_val(other), _val(u)) and set(u.kwargs) <= {"alpha"} else None
 
 
 def general_backward(bw: fx.GraphModule) -> fx.GraphModule:
