@@ -274,7 +274,8 @@ def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool |
         DIFFS.append("\n".join(lines))
         RECORDER.sims.clear()
     return {"budget": budget, "simulated": plan.simulated_peak_bytes, "read": peak.peak_bytes,
-            "read_at": peak.at, "saved_bytes": plan.saved_bytes,
+            "read_at": peak.at, "saved_bytes": plan.saved_bytes, "origin": plan.origin,
+            "cost_ms": plan.cost_seconds * 1e3, "recompute_ms": plan.recompute_seconds * 1e3,
             "offloaded": [[o.name, o.nbytes, o.released_after, o.reload_before] for o in plan.offloaded],
             "error": (plan.simulated_peak_bytes - peak.peak_bytes) / peak.peak_bytes if peak.peak_bytes else None}
 
@@ -325,7 +326,8 @@ def _line(r: dict[str, Any]) -> str:
     if "failed" in r:
         return f"{head}  {r['failed']}"
     return (f"{head}  simulated {r['simulated'] / MiB:9.1f} MiB  read {r['read'] / MiB:9.1f} MiB  "
-            f"({100 * r['error']:+.1f}%)  read peak at {r['read_at']}")
+            f"({100 * r['error']:+.1f}%)  read peak at {r['read_at']}  {r['origin'] or 'default'} plan, "
+            f"cost {r['cost_ms']:.2f} ms")
 
 
 def main() -> None:

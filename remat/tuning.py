@@ -37,6 +37,12 @@ class Tuning:
     the ones of smallest predicted peak among those whose estimated recompute time is close to
     the default plan's (under a budget: among those that fit)."""
 
+    faster: int = 1
+    """Under a budget, frontier plans measured besides those: the ones estimated faster than the
+    budget's choice that the simulator put over the budget by no more than it over-predicted the
+    choice's own compile, and whose own compile reads within it (Note [Faster plans the
+    simulator put over the budget] in ``remat.planning.measured``)."""
+
     compile_candidate: bool = True
     """Measure torch.compile's own partition of the same graph too, so that the chosen plan is
     never measured slower than what torch.compile would run (beyond ``tolerance``)."""
@@ -58,6 +64,9 @@ class Tuning:
                              "Example: remat.Tuning(tolerance=0.02) keeps plans within 2% of the fastest.")
         if not isinstance(self.frontier, int) or isinstance(self.frontier, bool) or self.frontier < 0:
             raise RematError(f"remat: Tuning.frontier must be an int >= 0, got {self.frontier!r}.")
+        if not isinstance(self.faster, int) or isinstance(self.faster, bool) or self.faster < 0:
+            raise RematError(f"remat: Tuning.faster must be an int >= 0, got {self.faster!r}. Example: "
+                             "remat.Tuning(faster=0) measures no plan the simulator put over the budget.")
         if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
             raise RematError(f"remat: Tuning.devices must be a tuple of device types such as ('cuda',), got "
                              f"{self.devices!r}.")

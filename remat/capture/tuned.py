@@ -2,7 +2,8 @@
 
 ``compile_tuned`` compiles, from copies of the captured graph taken first: the plan prediction
 chooses (the default plan, or a budget's choice; its frontier planned with it), up to
-``Tuning.frontier`` smaller frontier plans (``remat.planning.measured``), and torch.compile's own
+``Tuning.frontier`` smaller frontier plans and, under a budget, up to ``Tuning.faster`` faster
+ones the simulator put just over it (``remat.planning.measured``), and torch.compile's own
 partition of the same graph (``Tuning.compile_candidate``), each with its backward compiled at
 once so that its peak is read before any step runs. Under a budget a candidate whose read peak or
 simulated peak misses it is not measured (Note [Candidates under a budget]). While a graph's
@@ -36,7 +37,7 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from ..planning.choice import infeasible, peak_allowed
 from ..planning.decision_cache import Decision, DecisionCache, decision_key
-from ..planning.measured import measured_picks
+from ..planning.measured import faster_picks, measured_picks, scaled_peak
 from ..tuning import Tuning
 from . import budget_guard
 from .graph_copy import copy_graph
@@ -87,7 +88,7 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options: Any, tunin
     inputs = [(tuple(t.shape), tuple(t.stride()), str(t.dtype), t.device.type, t.requires_grad)
               if isinstance(t, torch.Tensor) else repr(t) for t in example_inputs]
     opts = (f"backend={options.backend} budget={options.budget} "
-            f"policy={[r.name for r in options.policy]} frontier={tuning.frontier} "
+            f"policy={[r.name for r in options.policy]} frontier={tuning.frontier} faster={tuning.faster} "
             f"tolerance={tuning.tolerance} compile_candidate={tuning.compile_candidate} offload={options.offload}")
     return decision_key(gm.code + repr(inputs), _device(example_inputs)[1], torch.__version__, opts)
 
@@ -141,7 +142,7 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
     """Compile the graph's candidates and return the callable that measures them (module
     docstring); a graph that cannot be copied, or whose planning fell back, is compiled once."""
     k = len(rb.plans)
-    copies = [copy_graph(gm) for _ in range(tuning.frontier + tuning.compile_candidate + 1)]
+    copies = [copy_graph(gm) for _ in range(tuning.frontier + tuning.faster + tuning.compile_candidate + 1)]
     if any(c is None for c in copies):
         return rb.compile_plan(gm, example_inputs)
     cache = DecisionCache(tuning.cache_dir) if tuning.cache else None
@@ -157,7 +158,8 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
     frontier = rb.frontiers[k] or ()
     entries = [_take(rb, k, _name(rb.plans[k]), first)]
     chosen = entries[0].plan
-    for p in measured_picks(chosen, frontier, tuning.frontier, chosen.budget_bytes):
+    faster = faster_picks(chosen, frontier, tuning.faster, chosen.budget_bytes)
+    for p in [*measured_picks(chosen, frontier, tuning.frontier, chosen.budget_bytes), *faster]:
         run = rb.compile_plan(copies.pop(), example_inputs, pick=p.key, backward_now=True)
         if k < len(rb.plans) and rb.plans[k].key == p.key:
             entries.append(_take(rb, k, _name(rb.plans[k]), run))
@@ -169,8 +171,14 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
         if k < len(rb.plans):
             entries.append(_take(rb, k, STOCK, run))
     if chosen.budget_bytes is not None:  # Note [Candidates under a budget]
+        scale = chosen.predicted_peak_bytes / (chosen.simulated_peak_bytes or chosen.predicted_peak_bytes)
+        stretched = {p.key for p in faster}  # Note [Faster plans the simulator put over the budget]
+
+        def simulated(plan: Plan) -> int:
+            return scaled_peak(plan, scale) if plan.key in stretched else plan.simulated_peak_bytes
+
         entries = [e for i, e in enumerate(entries)
-                   if i == 0 or max(e.peak, e.plan.simulated_peak_bytes) <= chosen.budget_bytes]
+                   if i == 0 or max(e.peak, simulated(e.plan)) <= chosen.budget_bytes]
     budget = chosen.budget_bytes
     meter = budget_guard.meter_for(example_inputs) if budget is not None else None
     if len(entries) == 1 and meter is None:  # one candidate under a budget on CUDA is still measured
