@@ -137,7 +137,8 @@ def _cached(rb: _Compiler, k: int, gm: fx.GraphModule, example_inputs: list[Any]
 # planned as a candidate at a simulated 27.83 GiB against an 18.62 GiB budget, and a step ran out
 # of memory (which candidate's step it was is not recorded). A faster plan the simulator put over
 # the budget (Note [Faster plans the simulator put over the budget] in ``remat.planning.measured``)
-# is judged by its simulated peak scaled as the choice's compile scaled the choice's, never raised.
+# is judged by its simulated peak times the choice's read over its simulated peak (below 1: no such plan
+# is compiled where the simulator under-predicted the choice).
 
 
 def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], tuning: Tuning) -> Any:
