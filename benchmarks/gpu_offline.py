@@ -73,7 +73,10 @@ def _head() -> Built:
 def _zoo(name: str) -> Built:
     import zoo
 
-    wl = zoo.build(name, tiny=False, device="cpu", dtype=torch.bfloat16, no_dropout=True)
+    extra: dict[str, Any] = {"batch": BATCH} if BATCH else {}
+    if BATCH and name == "llama":  # as long_context.py builds it: positions for the whole sequence
+        extra["config"] = {"max_position_embeddings": max(BATCH[1], 2048)}
+    wl = zoo.build(name, tiny=False, device="cpu", dtype=torch.bfloat16, no_dropout=True, **extra)
     return wl.model, wl.inputs, wl.loss
 
 
@@ -233,9 +236,11 @@ def restride_saved(fw: Any, bw: Any, strides: list[Any]) -> None:
                 ph.meta["val"] = torch.empty_strided(val.shape, st, dtype=val.dtype, device=val.device)
 
 
-def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool | str = False) -> dict[str, Any]:
+def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool | str = False,
+                  pick: Any = None, frontiers: list[Any] | None = None) -> dict[str, Any]:
     """remat's plan of one CUDA joint graph under ``budget`` and the peak read from Inductor's
-    CUDA memory plan of its forward and backward."""
+    CUDA memory plan of its forward and backward. ``pick``: the key of the candidate to plan
+    instead (as tuning compiles it); ``frontiers``: where the graph's frontier is appended."""
     from remat.backends.inductor import backend as inductor_backend
     from remat.backends.inductor.backend import InductorBackend
     from remat.backends.inductor.hooks import graph_io_names
@@ -247,9 +252,14 @@ def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool |
     plans: list[Any] = []
     joint = copy_graph(j["joint"]) or j["joint"]
     make = make_stock_partition_fn if STOCK else make_partition_fn
+    def sink(p: Any, f: Any) -> None:
+        plans.append(p)
+        if frontiers is not None:
+            frontiers.append(f)
+
+    kw = {} if STOCK else {"want_frontier": frontiers is not None, "pick": pick}
     partition = make(Options(backend="inductor", budget=budget, strict=True, offload=offload),
-                     lambda p, f: plans.append(p), InductorBackend(), backend_for("eager"),
-                     ends_at_break=j["ends_at_break"])
+                     sink, InductorBackend(), backend_for("eager"), ends_at_break=j["ends_at_break"], **kw)
     fw, bw = partition(joint, j["cuda_inputs"], num_fwd_outputs=j["num_fwd_outputs"],
                        static_lifetime_input_indices=j["static"])
     fw_trace, strides = lower(fw, False, j["num_fwd_outputs"], stock=STOCK)
@@ -273,7 +283,7 @@ def plan_and_read(j: dict[str, Any], budget: float | str | None, offload: bool |
         lines += peak_diff.boundary_report(sims[-1] if sims else None, RECORDER, len(RECORDER.reads) - 1, 40)
         DIFFS.append("\n".join(lines))
         RECORDER.sims.clear()
-    return {"budget": budget, "simulated": plan.simulated_peak_bytes, "read": peak.peak_bytes,
+    return {"budget": budget, "plan": plan, "simulated": plan.simulated_peak_bytes, "read": peak.peak_bytes,
             "read_at": peak.at, "saved_bytes": plan.saved_bytes, "origin": plan.origin,
             "cost_ms": plan.cost_seconds * 1e3, "recompute_ms": plan.recompute_seconds * 1e3,
             "offloaded": [[o.name, o.nbytes, o.released_after, o.reload_before] for o in plan.offloaded],
@@ -290,6 +300,10 @@ RECORDER: Any = None
 STOCK = False
 """With ``--stock``: torch.compile's own partition (``make_stock_partition_fn``), compiled as remat compiles that
 candidate (Inductor's order and precision), instead of remat's plan; the budget does not change that partition."""
+BATCH: tuple[int, int] | None = None
+"""With ``--batch``: the model's batch (rows, sequence length) instead of the benchmark's."""
+PICKS = False
+"""With ``--picks``: each budget's other tuning candidates planned and read too (``_picks``)."""
 DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
 
@@ -307,9 +321,10 @@ def run(name: str, budgets: list[float | str | None], pad_mm: bool = False, one_
             fakes = fake_gpu.to_cuda(j["joint"], flat, mode)
             j["cuda_inputs"] = torch.utils._pytree.tree_unflatten(fakes, spec)
             for b in budgets:
+                frontiers: list[Any] = []
                 try:
                     with mode:
-                        row = plan_and_read(j, b, offload)
+                        row = plan_and_read(j, b, offload, frontiers=frontiers if PICKS else None)
                 except Exception as e:  # noqa: BLE001 - an infeasible budget is a row too
                     if os.environ.get("TRACE"):
                         import traceback
@@ -318,7 +333,34 @@ def run(name: str, budgets: list[float | str | None], pad_mm: bool = False, one_
                 row.update(model=name, graph=k + 1, pad_mm=pad_mm, one_graph=one_graph)
                 rows.append(row)
                 print(_line(row), flush=True)
+                if PICKS and "failed" not in row and b is not None:
+                    rows += _picks(j, b, offload, row, frontiers[-1] or (), mode, name, k)
     return rows
+
+
+def _picks(j: dict[str, Any], budget: Any, offload: bool | str, chosen_row: dict[str, Any], frontier: Any,
+           mode: Any, name: str, k: int) -> list[dict[str, Any]]:
+    """The other candidates tuning compiles under ``budget`` (``remat.planning.measured``: one
+    smaller frontier plan, one faster plan the simulator put over the budget), each planned by
+    its key and read as the choice was; the choice's read peak stands for its compile."""
+    from remat.planning.measured import faster_picks, measured_picks
+
+    chosen = chosen_row["plan"]
+    read = chosen.with_compiled_peak(chosen_row["read"])
+    limit = read.budget_bytes
+    out = []
+    for kind, picked in (("smaller", measured_picks(read, frontier, 1, limit)),
+                         ("faster", faster_picks(read, frontier, 1, limit))):
+        for p in picked:
+            try:
+                with mode:
+                    row = plan_and_read(j, budget, offload, pick=p.key)
+            except Exception as e:  # noqa: BLE001 - reported as a row
+                row = {"budget": budget, "failed": f"{type(e).__name__}: {str(e)[:200]}"}
+            row.update(model=name, graph=k + 1, pick=kind, budget_bytes=limit)
+            out.append(row)
+            print(f"  {kind} pick: " + _line(row), flush=True)
+    return out
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -344,9 +386,13 @@ def main() -> None:
                     help="logger calls do not split the graph, as under a budget (HF GPT-2's loss in its graph)")
     ap.add_argument("--stock", action="store_true", help="torch.compile's own partition, as remat measures it")
     ap.add_argument("--diff", action="store_true", help="write peak_diff's live sets of each row to --out")
+    ap.add_argument("--batch", default=None, help="ROWSxLENGTH, e.g. 1x88064 (long_context.py's Llama)")
+    ap.add_argument("--picks", action="store_true",
+                    help="also plan and read the other candidates tuning compiles under each budget")
     a = ap.parse_args()
-    global RECORDER, STOCK
-    STOCK = a.stock
+    global RECORDER, STOCK, BATCH, PICKS
+    STOCK, PICKS = a.stock, a.picks
+    BATCH = tuple(int(x) for x in a.batch.split("x")) if a.batch else None
     if a.diff:
         RECORDER = peak_diff.Recorder()
         RECORDER.install()
@@ -362,6 +408,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         meta = {"torch": torch.__version__, "device": "fake H100 (fake_gpu.py)", "dtype": "bfloat16",
                 "command": "python benchmarks/gpu_offline.py " + " ".join(sys.argv[1:])}
+        rows = [{k: v for k, v in r.items() if k != "plan"} for r in rows]
         (out / "gpu-offline.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
         if DIFFS:
             (out / "gpu-offline-diff.txt").write_text("\n\n".join(DIFFS) + "\n")
