@@ -317,8 +317,11 @@ def is_compile_error(e: BaseException | None) -> bool:
 
 
 def short(e: BaseException) -> str:
+    """The error's first line (300 characters at most) and its notes (remat's: which tuning
+    candidate's forward ran out of memory)."""
     lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300] + "".join(
+        f" [{n}]" for n in getattr(e, "__notes__", ()))
 
 
 def free(device: torch.device, collect: bool = True) -> None:

@@ -152,7 +152,13 @@ class TunedGraph:
             s.mixed = True
         window = self._meter.open() if self._meter is not None and cand.calls > 1 else None
         start = self._timer.mark()
-        out = cand.run(*args)
+        try:
+            out = cand.run(*args)
+        except torch.OutOfMemoryError as e:  # which candidate's forward it was (a budget's reader needs it)
+            e.add_note(f"remat: raised in the forward of tuning candidate {cand.name!r} (call {cand.calls} of it), "
+                       f"measured against {', '.join(repr(c.name) for c in self._candidates)}; "
+                       "remat.Tuning(faster=0, frontier=0, compile_candidate=False) measures only the budget's choice")
+            raise
         step = _Step((start, self._timer.mark()), window=window)
         if cand.calls > 1 and self._hook_backward(out, step):
             cand.steps.append(step)

@@ -336,3 +336,27 @@ def test_faster_picks_only_where_the_choice_read_below_its_simulation():
     assert [p.key for p in picks] == [p.key for p in sorted(faster, key=lambda p: p.cost_seconds)[:2]]
     tight = read.with_compiled_peak(int(chosen.predicted_peak_bytes * 0.99))  # only what 1% less would fit
     assert all(p.predicted_peak_bytes * 0.99 <= budget for p in faster_picks(tight, points, 2, budget))
+
+
+def test_an_out_of_memory_error_in_a_candidates_forward_names_the_candidate(tmp_path, monkeypatch):
+    real = measure.TunedGraph
+
+    def tuned_graph(candidates, timer, samples, tolerance, on_decided, **measuring):
+        def failing(name, run):
+            def call(*args):
+                if name != candidates[0][0]:
+                    raise torch.OutOfMemoryError("CUDA out of memory (emulated)")
+                return run(*args)
+            return call
+        return real([(n, failing(n, r), p) for n, r, p in candidates], timer, samples, tolerance, on_decided,
+                    **measuring)
+
+    monkeypatch.setattr(tuned, "TunedGraph", tuned_graph)
+    torch.manual_seed(0)
+    model = tuned_model(Net(), tmp_path)
+    steps(model, 1)  # the first candidate (the prediction's plan) runs
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        steps(model, 1)
+    (note,) = info.value.__notes__
+    assert "raised in the forward of tuning candidate 'remat " in note and "(call 1 of it)" in note
+    assert "remat.Tuning(faster=0, frontier=0, compile_candidate=False)" in note
