@@ -6,8 +6,10 @@ The prediction's ranking is what fails on models nobody tuned for (a depthwise-c
 smaller frontier plan faster than the default one): so the plans measured next to it are the
 ones that save memory at the least estimated cost, the frontier's plans that are meaningfully
 smaller than the chosen one (at most ``SMALLER`` of its predicted peak) and, under a budget,
-fit it, taken in order of estimated recompute time. Measurement then keeps the smallest plan
-that is as fast as the fastest (``remat.core.selection``).
+fit it, taken in order of estimated recompute time (``measured_picks``); and, under a budget,
+the faster plans the simulator put just over it where it over-predicted the choice's compile
+(``faster_picks``, Note [Faster plans the simulator put over the budget]). Measurement then
+keeps the smallest plan that is as fast as the fastest (``remat.core.selection``).
 """
 
 from __future__ import annotations
