@@ -28,6 +28,21 @@ step during which another undecided graph (or this one again) ran is *mixed*: it
 sample, its peak is used only when a candidate has no clean one. A graph keeps measuring until
 each candidate has a clean peak, which comes once the graphs inside its window have chosen,
 or until a candidate has run ``PATIENCE`` times its samples (a graph inside that never decides).
+
+Note [A candidate out of memory]
+Under a hard cap on the device's memory (``torch.cuda.set_per_process_memory_fraction``, a
+shared GPU) a candidate's step can run out of memory although its read peak fits the budget:
+the read can miss what the step allocates (Note [Candidates under a budget] in
+``remat.capture.tuned``). On an H100 under a 20 GiB cap, HF Llama at 88,064 tokens planned three
+candidates and a step ran out of memory allocating 5.25 GiB, which ended the training. A
+candidate other than the first (the plan prediction chose, which has run a step before any other
+candidate runs) whose forward raises ``torch.OutOfMemoryError`` is dropped instead: the random
+generators are put back as they were before the call (the partial forward may have drawn from
+them; AOTAutograd applies a graph's input mutations, BatchNorm's statistics, only after its
+forward returns), the failed call's tensors are released with the exception, and the same call
+runs the next candidate. It is never measured or chosen, and the decision's reason names it. An
+error in the first candidate's forward, or in any backward (autograd's engine raises it, past
+this callable), is raised with a note naming the candidate.
 """
 
 from __future__ import annotations
@@ -113,6 +128,8 @@ class _Candidate:
     after its first backward)."""
     calls: int = 0
     steps: list[_Step] = field(default_factory=list)
+    dropped: bool = False
+    """Its forward ran out of memory (Note [A candidate out of memory])."""
 
 
 class TunedGraph:
@@ -145,20 +162,35 @@ class TunedGraph:
         if self._measured():
             self._decide()
             return self.winner(*args)
-        cand = self._candidates[self._next]
-        self._next = (self._next + 1) % len(self._candidates)
+        while True:
+            cand = self._candidates[self._next]
+            self._next = (self._next + 1) % len(self._candidates)
+            if not cand.dropped:
+                break
         cand.calls += 1
         for s in _OPEN:  # this graph has not chosen: the windows it runs inside are mixed
             s.mixed = True
         window = self._meter.open() if self._meter is not None and cand.calls > 1 else None
+        droppable = cand is not self._candidates[0]
+        rng = _rng_states(args) if droppable else None
         start = self._timer.mark()
         try:
             out = cand.run(*args)
-        except torch.OutOfMemoryError as e:  # which candidate's forward it was (a budget's reader needs it)
-            e.add_note(f"remat: raised in the forward of tuning candidate {cand.name!r} (call {cand.calls} of it), "
-                       f"measured against {', '.join(repr(c.name) for c in self._candidates)}; "
-                       "remat.Tuning(faster=0, frontier=0, compile_candidate=False) measures only the budget's choice")
-            raise
+        except torch.OutOfMemoryError as e:  # Note [A candidate out of memory]
+            if not droppable:
+                e.add_note(f"remat: raised in the forward of tuning candidate {cand.name!r} (call {cand.calls} of "
+                           f"it), measured against {', '.join(repr(c.name) for c in self._candidates)}; "
+                           "remat.Tuning(faster=0, frontier=0, compile_candidate=False) measures only the "
+                           "budget's choice")
+                raise
+            cand.dropped = True
+            out = None
+        if cand.dropped:  # outside the except clause: the failed call's frames (and tensors) are gone
+            if window is not None:
+                self._meter.close(window)
+            _set_rng_states(rng)
+            cand.run, cand.steps = None, []
+            return self(*args)
         step = _Step((start, self._timer.mark()), window=window)
         if cand.calls > 1 and self._hook_backward(out, step):
             cand.steps.append(step)
@@ -169,11 +201,12 @@ class TunedGraph:
         return out
 
     def _measured(self) -> bool:
-        timed = all(sum(s.bwd_end is not None for s in c.steps) >= self._samples for c in self._candidates)
+        live = [c for c in self._candidates if not c.dropped]
+        timed = all(sum(s.bwd_end is not None for s in c.steps) >= self._samples for c in live)
         if not timed or self._meter is None:
             return timed
         return all(any(s.peak is not None and not s.mixed for s in c.steps) or len(c.steps) >= PATIENCE * self._samples
-                   for c in self._candidates)
+                   for c in live)
 
     def _hook_backward(self, out: Any, step: _Step) -> bool:
         node = _compiled_node(out)
@@ -212,19 +245,40 @@ class TunedGraph:
                     self._meter.close(s.window)
                     s.window = None
                     _forget(s)
-        keep = [i for i, m in enumerate(measured) if self._allowed is None or self._allowed(m.peak_bytes)]
+        dropped = {i for i, c in enumerate(self._candidates) if c.dropped}
+        keep = [i for i, m in enumerate(measured)
+                if i not in dropped and (self._allowed is None or self._allowed(m.peak_bytes))]
         if not keep:  # on_decided raises: the budget is not kept by any candidate
             self._on_decided(-1, Selection(-1, -1, self._tolerance, "every candidate measured over the budget",
                                            tuple(measured)))
         chosen = select([measured[i] for i in keep], self._tolerance)
-        over = [m.name for i, m in enumerate(measured) if i not in keep]
+        over = [m.name for i, m in enumerate(measured) if i not in keep and i not in dropped]
         reason = chosen.reason + (f" (measured over the budget, not chosen: {', '.join(over)})" if over else "")
+        if dropped:
+            reason += (f" (out of memory in a training step's forward, not measured: "
+                       f"{', '.join(self._candidates[i].name for i in sorted(dropped))})")
         self.selection = Selection(keep[chosen.index], keep[chosen.fastest], chosen.tolerance, reason, tuple(measured))
         k = self.selection.index
         self.winner = self._candidates[k].run
         for c in self._candidates:  # the losers' compiled code and the steps' events go
             c.run, c.steps = None, []
         self._on_decided(k, self.selection)
+
+
+def _rng_states(args: Sequence[Any]) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
+    """The CPU generator's state and that of every CUDA device among ``args`` (Note [A candidate
+    out of memory])."""
+    devices = sorted({t.device.index or 0 for t in args if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices]
+
+
+def _set_rng_states(states: tuple[torch.Tensor, list[tuple[int, torch.Tensor]]] | None) -> None:
+    if states is None:
+        return
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    for d, state in cuda:
+        torch.cuda.set_rng_state(state, d)
 
 
 def _forget(step: _Step) -> None:

@@ -199,9 +199,10 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
                                           for m in selection.measured))
         winner = entries[index]
         rb.saved_while_measuring.pop(k, None)
-        table = tuple((m.name, m.median, m.peak_bytes) for m in selection.measured)
+        ran = [i for i, m in enumerate(selection.measured) if m.seconds]  # Note [A candidate out of memory]
+        table = tuple((m.name, m.median, m.peak_bytes) for m in (selection.measured[i] for i in ran))
         shown = ", ".join(f"{n} {s * 1e3:.3f} ms / {b / 2**20:.1f} MiB" for n, s, b in table)
-        plan = winner.plan.with_measured_peak(table[index][2]) if meter is not None else winner.plan
+        plan = winner.plan.with_measured_peak(table[ran.index(index)][2]) if meter is not None else winner.plan
         rb.plans[k] = replace(plan, measured=table, chosen_by=f"measured: {selection.reason}",
                               budget_bytes=chosen.budget_bytes,
                               notes=(*winner.plan.notes, f"measured on the first training steps ({shown}): "
