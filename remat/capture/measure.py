@@ -186,6 +186,10 @@ class TunedGraph:
             cand.dropped = True
             out = None
         if cand.dropped:  # outside the except clause: the failed call's frames (and tensors) are gone
+            for st in cand.steps:  # its earlier steps' windows, open where their backward has not run
+                if st.window is not None:
+                    self._meter.close(st.window)
+                    _forget(st)
             if window is not None:
                 self._meter.close(window)
             _set_rng_states(rng)
