@@ -37,7 +37,7 @@ from ..plan import Plan
 from ..plan_data import PlanKey
 from ..planning.choice import infeasible, peak_allowed
 from ..planning.decision_cache import Decision, DecisionCache, decision_key
-from ..planning.measured import faster_picks, measured_picks, scaled_peak
+from ..planning.measured import faster_picks, measured_picks
 from ..tuning import Tuning
 from . import budget_guard
 from .graph_copy import copy_graph
@@ -137,8 +137,8 @@ def _cached(rb: _Compiler, k: int, gm: fx.GraphModule, example_inputs: list[Any]
 # planned as a candidate at a simulated 27.83 GiB against an 18.62 GiB budget, and a step ran out
 # of memory (which candidate's step it was is not recorded). A faster plan the simulator put over
 # the budget (Note [Faster plans the simulator put over the budget] in ``remat.planning.measured``)
-# is judged by its simulated peak times the choice's read over its simulated peak (below 1: no such plan
-# is compiled where the simulator under-predicted the choice).
+# was picked because its simulated peak times the choice's read over its simulated peak fits (no
+# such plan is compiled where the simulator under-predicted the choice), so its read alone decides.
 
 
 def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], tuning: Tuning) -> Any:
@@ -174,14 +174,12 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
         if k < len(rb.plans):
             entries.append(_take(rb, k, STOCK, run))
     if chosen.budget_bytes is not None:  # Note [Candidates under a budget]
-        scale = chosen.predicted_peak_bytes / (chosen.simulated_peak_bytes or chosen.predicted_peak_bytes)
-        stretched = {p.key for p in faster}  # Note [Faster plans the simulator put over the budget]
+        stretched = {p.key for p in faster}  # their scaled simulation fits (faster_picks): their read decides
 
-        def simulated(plan: Plan) -> int:
-            return scaled_peak(plan, scale) if plan.key in stretched else plan.simulated_peak_bytes
+        def judged(e: _Entry) -> int:
+            return e.peak if e.plan.key in stretched else max(e.peak, e.plan.simulated_peak_bytes)
 
-        entries = [e for i, e in enumerate(entries)
-                   if i == 0 or max(e.peak, simulated(e.plan)) <= chosen.budget_bytes]
+        entries = [e for i, e in enumerate(entries) if i == 0 or judged(e) <= chosen.budget_bytes]
     budget = chosen.budget_bytes
     meter = budget_guard.meter_for(example_inputs) if budget is not None else None
     if len(entries) == 1 and meter is None:  # one candidate under a budget on CUDA is still measured

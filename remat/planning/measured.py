@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ..plan_data import PlanData
 
-__all__ = ["measured_picks", "faster_picks", "scaled_peak", "SMALLER"]
+__all__ = ["measured_picks", "faster_picks", "SMALLER"]
 
 SMALLER = 0.95
 """A frontier plan is worth measuring when its predicted peak is at most this fraction of the
@@ -67,11 +67,11 @@ def faster_picks(chosen: PlanData, frontier: Sequence[PlanData], count: int,
     if scale >= 1:
         return []
     out = [p for p in frontier if p.key != chosen.key and p.cost_seconds < chosen.cost_seconds
-           and p.predicted_peak_bytes > budget_bytes and scaled_peak(p, scale) <= budget_bytes]
+           and p.predicted_peak_bytes > budget_bytes and _scaled_peak(p, scale) <= budget_bytes]
     out.sort(key=lambda p: (p.cost_seconds, p.predicted_peak_bytes))
     return out[:count]
 
 
-def scaled_peak(plan: PlanData, scale: float) -> int:
+def _scaled_peak(plan: PlanData, scale: float) -> int:
     """``plan``'s simulated peak scaled by ``scale`` (the chosen plan's read over its simulated peak)."""
     return int((plan.simulated_peak_bytes or plan.predicted_peak_bytes) * scale)
