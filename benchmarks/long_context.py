@@ -131,6 +131,7 @@ import signal
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -316,12 +317,25 @@ def is_compile_error(e: BaseException | None) -> bool:
     return False
 
 
-def short(e: BaseException) -> str:
-    """The error's first line (300 characters at most) and its notes (remat's: which tuning
+def short(e: BaseException, chars: int = 300) -> str:
+    """The error's first line (``chars`` characters at most) and its notes (remat's: which tuning
     candidate's forward ran out of memory)."""
     lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300] + "".join(
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:chars] + "".join(
         f" [{n}]" for n in getattr(e, "__notes__", ()))
+
+
+def oom_detail(e: BaseException, device: torch.device) -> dict[str, Any]:
+    """Where an out-of-memory error struck (the innermost frames) and the allocator's state then:
+    allocated, reserved (the cap bounds it) and reserved but unallocated."""
+    tb = traceback.extract_tb(e.__traceback__)[-6:]
+    frames = [f"{pathlib.Path(f.filename).name}:{f.lineno} {f.name}" for f in tb]
+    out: dict[str, Any] = {"frames": frames}
+    if device.type == "cuda":
+        allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+        out.update(allocated_mib=allocated / 2**20, reserved_mib=reserved / 2**20,
+                   unallocated_mib=(reserved - allocated) / 2**20)
+    return out
 
 
 def free(device: torch.device, collect: bool = True) -> None:
@@ -473,7 +487,7 @@ class Runner:
             raise
         except Exception as e:  # noqa: BLE001 - sorted below
             if is_oom(e):
-                p = Probe(n, False, "oom", error=short(e))
+                p = Probe(n, False, "oom", error=short(e, 900), extra=oom_detail(e, self.setup.device))
             elif is_infeasible(e):
                 p = Probe(n, False, "infeasible", error=short(e))
             elif self.mark and self.mode != "eager" and (compiled or is_compile_error(e)):
@@ -507,8 +521,13 @@ class Runner:
             self.notes.append(f"Dynamo compiled again at {p.seq} (graphs {self.graphs} -> {graphs})")
         self.graphs = p.graphs = graphs
         self.fitted = self.fitted or p.fits
-        if self.name.startswith("remat") and p.fits and self.fn is not None:
-            plans = remat.compiled_plans(self.fn)
+        if self.name.startswith("remat") and self.fn is not None:
+            try:
+                plans = remat.compiled_plans(self.fn)
+            except Exception:  # noqa: BLE001 - a failed probe that compiled nothing has no plan
+                if p.fits:
+                    raise
+                return
             p.extra = {**p.extra, "plan_hint_seq": self.hint, "fallback": [x.fallback for x in plans if x.fallback],
                        "predicted_peak_mib": sum(x.predicted_peak_bytes for x in plans) / MiB,
                        "plan": rm.plan_fields(self.fn)}  # what the step ran: recompute, slices, offload, tuning

@@ -32,7 +32,10 @@ choice; not measured since). The same holds wherever Inductor lays a value out o
 graph. Where the two layouts differ, ``to_host`` first copies the value, on the side stream, into
 a device buffer laid out as the host tensor, so the copy out stays one asynchronous memcpy (a copy
 between two layouts would go through pageable memory, synchronously); that buffer, one value's
-bytes while the copy runs, is not in the peak model. ``to_device`` refuses a host tensor that is
+bytes while the copy runs, is not in the peak model. It is allocated on the compute stream and
+released to it once the copy is done (``record_stream``): a block allocated on the side stream goes
+back to that stream's pool, where the compute stream's allocations never find it, so under a hard
+cap each such block was memory the step could not use. ``to_device`` refuses a host tensor that is
 not pinned: on CUDA that can only be such a copy, and training on it could read a half-written
 copy.
 
@@ -125,12 +128,18 @@ def _to_host(x: torch.Tensor, held: bool = False, stride: Sequence[int] | None =
     d2h, _ = _side_streams(x.device)
     compute = torch.cuda.current_stream(x.device)
     host = torch.empty_strided(x.size(), stride, dtype=x.dtype, device="cpu", pin_memory=True)
+    # a copy between two layouts is no memcpy: torch would stage it through pageable memory,
+    # synchronously; laid out as the host tensor on the device first, it is one. That buffer is
+    # allocated on the compute stream (a block allocated on the side stream would go back to that
+    # stream's pool, which the compute stream's allocations never reuse) and filled on the side one
+    src = None if _same_layout(x.size(), x.stride(), stride) else torch.empty_strided(
+        x.size(), stride, dtype=x.dtype, device=x.device)
     d2h.wait_stream(compute)
     with torch.cuda.stream(d2h):
-        # a copy between two layouts is no memcpy: torch would stage it through pageable memory,
-        # synchronously; laid out as the host tensor on the device first (on this stream), it is one
-        src = x if _same_layout(x.size(), x.stride(), stride) else _laid_out(x, stride, x.device)
-        host.copy_(src, non_blocking=True)
+        if src is not None:
+            src.copy_(x)
+            src.record_stream(d2h)
+        host.copy_(x if src is None else src, non_blocking=True)
     if held:
         _copies[host.data_ptr()] = d2h.record_event()
     else:
