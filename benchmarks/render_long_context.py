@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shlex
 import sys
 
@@ -83,9 +84,23 @@ def longest_cell(res: dict, max_seq: int) -> str:
 
 
 def note(res: dict) -> str:
-    parts = [res.get("mode_note", "")]
+    parts = [oom_note(res), res.get("mode_note", "")]
     parts += res.get("notes", [])
     return _cell("; ".join(p for p in parts if p))
+
+
+def oom_note(res: dict) -> str:
+    """The shortest length that ran out of memory with the allocator's state recorded
+    (``long_context.oom_detail``): what the step asked for against what was allocated and reserved."""
+    ooms = sorted((p for p in res.get("probes", []) if p.get("why") == "oom" and "reserved_mib" in p.get("extra", {})),
+                  key=lambda p: p["seq"])
+    if not ooms:
+        return ""
+    p, e = ooms[0], ooms[0]["extra"]
+    asked = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", p.get("error") or "")
+    return (f"out of memory at {p['seq']}{' asking for ' + asked.group(1) if asked else ''} with "
+            f"{e['allocated_mib']:.0f} MiB allocated and {e['unallocated_mib']:.0f} MiB reserved but unallocated "
+            f"({e['reserved_mib']:.0f} MiB reserved)")
 
 
 def table(doc: dict) -> list[str]:
@@ -171,7 +186,8 @@ def caption(doc: dict, name: str) -> str:
 def markdown(doc: dict, name: str = "") -> str:
     """The run's table, the target line, the command and the run's notes."""
     lines = [caption(doc, name or "(this run)"), ""] + table(doc) + ["", target_line(doc), ""]
-    lines.append(f"Run: `python benchmarks/long_context.py {shlex.join(doc.get('argv') or [])}` (search: "
+    env = f"PYTORCH_CUDA_ALLOC_CONF={shlex.quote(doc['alloc_conf'])} " if doc.get("alloc_conf") else ""
+    lines.append(f"Run: `{env}python benchmarks/long_context.py {shlex.join(doc.get('argv') or [])}` (search: "
                  f"{doc['search']}; {doc['warmup']} warm-up step and up to {doc['iters']} timed steps per probe).")
     if doc.get("reused"):
         r = doc["reused"]

@@ -14,6 +14,14 @@ allocator's retries (``Meter.retries``), and if there were any, and expandable s
 grow a segment in place instead of splitting many) are not configured, it warns once, naming the
 count, the measured peak and ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, the setting
 torch's own out-of-memory message recommends for reserved but unallocated memory.
+
+A step can also fail outright, before any retry is counted: on an H100, HF Llama at 88,064 tokens
+under a 20 GiB cap, with a budget the plan's compiled reading kept, ran out of memory in the
+backward asking for a logits-sized buffer with gigabytes reserved but unallocated, and the same
+plan trained with expandable segments (benchmarks/README.md, the long-context run). So a budget
+planned for CUDA without expandable segments also warns, once per process, when its graph is
+compiled (``warn_fragmentation``): the setting must be made before CUDA is initialised, so the
+first step is the last moment remat can name it.
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..logs import warn_at_user
 from ..units import format_bytes
 
-__all__ = ["expandable_segments", "warn_retries"]
+__all__ = ["expandable_segments", "warn_fragmentation", "warn_retries"]
 
 
 def expandable_segments() -> bool:
@@ -50,3 +59,21 @@ def warn_retries(retries: int, peak: int, budget: int | None) -> None:
         "retry synchronizes the device, and reserved but unallocated memory (fragmentation) can make the step run "
         "out of memory below its budget. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA is "
         "initialised, or lower the budget.", stacklevel=2)
+
+
+_FRAGMENTATION_WARNED = False
+
+
+def warn_fragmentation(budget: int) -> None:
+    """Once per process: a budget planned for CUDA while expandable segments are not configured
+    (Note [Allocator retries at the limit])."""
+    global _FRAGMENTATION_WARNED
+    if _FRAGMENTATION_WARNED or expandable_segments():
+        return
+    _FRAGMENTATION_WARNED = True
+    warn_at_user(
+        f"remat: the budget of {format_bytes(budget)} bounds the bytes the step allocates; the CUDA allocator "
+        "reserves more, and near the device's memory limit (or a set_per_process_memory_fraction cap) memory it "
+        "reserved but cannot hand out (fragmentation) can make a step run out of memory below the budget. Set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA is initialised (in the environment, or "
+        "before the first CUDA tensor), or leave room between the budget and the limit.")

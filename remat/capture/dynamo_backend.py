@@ -34,6 +34,7 @@ from ..planning.choice import (
 )
 from ..tuning import Tuning
 from . import buckets, budget_guard, unsent_grads
+from .allocator import warn_fragmentation
 from .attention import AttentionReport, rewrite_attention
 from .graph_copy import copy_graph
 from .partition import make_partition_fn, make_stock_partition_fn
@@ -292,6 +293,8 @@ class RematBackend:
         # agree on plans]): there the reading alone decides.
         meter = (budget_guard.meter_for(example_inputs)
                  if replans and measure and distributed.world_size() <= 1 else None)
+        if meter is not None and k < len(self.plans) and self.plans[k].budget_bytes:
+            warn_fragmentation(self.plans[k].budget_bytes)  # Note [Allocator retries at the limit]
         if meter is None or pristine is None or k >= len(self.plans) or self.plans[k].fallback:
             return compiled
         return self._guarded(k, compiled, meter, pristine, budget_guard.lookalike_inputs(example_inputs),

@@ -40,6 +40,7 @@ from ..planning.decision_cache import Decision, DecisionCache, decision_key
 from ..planning.measured import faster_picks, measured_picks
 from ..tuning import Tuning
 from . import budget_guard
+from .allocator import warn_fragmentation
 from .graph_copy import copy_graph
 from .measure import TunedGraph, timer_for
 from .partition import STOCK
@@ -182,6 +183,8 @@ def compile_tuned(rb: _Compiler, gm: fx.GraphModule, example_inputs: list[Any], 
         entries = [e for i, e in enumerate(entries) if i == 0 or judged(e) <= chosen.budget_bytes]
     budget = chosen.budget_bytes
     meter = budget_guard.meter_for(example_inputs) if budget is not None else None
+    if meter is not None and budget:
+        warn_fragmentation(budget)  # Note [Allocator retries at the limit]
     if len(entries) == 1 and meter is None:  # one candidate under a budget on CUDA is still measured
         _put(rb, k, entries[0])
         return first

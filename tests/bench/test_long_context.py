@@ -213,3 +213,24 @@ def test_target_line_compares_the_longest_lengths_as_issue_28_states_it():
     assert rlc.target_line(doc(88 * G, 19000.0)).endswith("**met**.")
     short = rlc.target_line(doc(80 * G, 40000.0, {"seq": 58 * G, "fits": True, "tokens_per_s": 36000.0}))
     assert "at 59392 tokens 36000 against 18000 (2.000x)" in short and short.endswith("**not met**.")
+
+
+def test_an_out_of_memory_probe_is_noted_with_the_allocator_state():
+    # The shortest length that ran out of memory with its allocator state recorded (oom_detail) is
+    # named in the strategy's note: what it asked for, allocated, reserved but unallocated.
+    error = "OutOfMemoryError: CUDA out of memory. Tried to allocate 5.25 GiB. GPU 0 has ..."
+    state = {"allocated_mib": 12784.3, "reserved_mib": 15124.0, "unallocated_mib": 2339.7}
+    res = {"probes": [{"seq": 90112, "fits": False, "why": "oom", "error": error, "extra": dict(state)},
+                      {"seq": 88064, "fits": False, "why": "oom", "error": error, "extra": dict(state)},
+                      {"seq": 44032, "fits": True, "why": "ok", "extra": {}}]}
+    assert rlc.oom_note(res) == ("out of memory at 88064 asking for 5.25 GiB with 12784 MiB allocated and 2340 MiB "
+                                 "reserved but unallocated (15124 MiB reserved)")
+    assert rlc.oom_note({"probes": [{"seq": 88064, "fits": False, "why": "oom", "error": error, "extra": {}}]}) == ""
+
+
+def test_an_oom_detail_names_the_frames_where_it_struck():
+    try:
+        raise RuntimeError("CUDA out of memory")
+    except RuntimeError as e:
+        detail = lc.oom_detail(e, lc.torch.device("cpu"))
+    assert detail["frames"][-1].startswith("test_long_context.py:") and "reserved_mib" not in detail

@@ -175,6 +175,7 @@ def fresh_warning(monkeypatch):
     from remat.capture import allocator
 
     monkeypatch.setattr(allocator, "_RETRIES_WARNED", False)
+    monkeypatch.setattr(allocator, "_FRAGMENTATION_WARNED", False)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         monkeypatch.delenv(k, raising=False)
     return allocator
@@ -300,3 +301,46 @@ def test_a_measured_plan_says_so_in_its_text_and_json(monkeypatch):
     *_, plan = _train(model, x, 2, Scripted(budget - 1000), monkeypatch, budget)
     assert f"peak: measured {remat.plan.format_bytes(budget - 1000)} on a training step" in str(plan)
     assert json.loads(plan.to_json())["totals"]["measured_peak_bytes"] == budget - 1000
+
+
+def _fragmentation_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "(fragmentation)" in str(w.message)]
+
+
+def test_a_budget_planned_for_cuda_names_expandable_segments_once(monkeypatch, fresh_warning):
+    # Note [Allocator retries at the limit]: a step can run out of memory below its budget before any
+    # retry is counted, so a budget measured on CUDA (a meter: the scripted one here) names the
+    # setting when its graph compiles, once per process; the plan and the gradients are unchanged.
+    import warnings
+
+    model, x = _model()
+    budget = _default_peak(model, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plans = _train(model, x, 2, Scripted(budget - 1000), monkeypatch, budget)
+        _train(model, x, 1, Scripted(budget - 1000), monkeypatch, budget)  # a second model: not again
+    ours = _fragmentation_warnings(caught)
+    assert len(ours) == 1 and ours[0].startswith(f"remat: the budget of {remat.units.format_bytes(budget)} ")
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in ours[0]
+    assert caught[[str(w.message) for w in caught].index(ours[0])].filename == __file__  # the user's line
+    assert plans[1].measured_peak_bytes == budget - 1000
+
+
+@pytest.mark.parametrize("case", ["expandable", "no budget", "off cuda"])
+def test_no_fragmentation_warning_with_expandable_segments_without_a_budget_or_off_cuda(monkeypatch, fresh_warning,
+                                                                                       case):
+    import warnings
+
+    if case == "expandable":
+        monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    model, x = _model()
+    budget = _default_peak(model, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if case == "no budget":
+            monkeypatch.setattr(budget_guard, "meter_for", lambda inputs: Scripted(budget - 1000))
+            rm = remat.checkpoint(copy.deepcopy(model), backend="eager")
+            workloads.loss(rm(x)).backward()
+        else:
+            _train(model, x, 2, None if case == "off cuda" else Scripted(budget - 1000), monkeypatch, budget)
+    assert not _fragmentation_warnings(caught)
