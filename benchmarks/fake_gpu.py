@@ -52,6 +52,7 @@ def patched() -> Iterator[None]:
     from torch._dynamo.device_interface import CudaInterface
     from torch._inductor import config as inductor_config
     from torch._inductor.async_compile import AsyncCompile
+    from torch._subclasses import fake_tensor
     from triton.backends.compiler import GPUTarget
 
     class _Backend:
@@ -82,6 +83,8 @@ def patched() -> Iterator[None]:
         (torch_triton, "triton_hash_with_backend", lambda: "fake-gpu"),
         (AsyncCompile, "triton", lambda self, *a, **k: _Kernel()),
         (AsyncCompile, "wait", lambda self, scope: None),
+        # torch 2.11's fake CUDA tensors allocate one real tensor first when CUDA says it is available
+        (fake_tensor, "init_gpu_context", lambda device: None),
     ]
     for name, value in dict(get_device_properties=lambda *a, **k: H100, get_compute_capability=lambda *a, **k: 90,
                             is_available=lambda: True, device_count=lambda: 1, current_device=lambda: 0,

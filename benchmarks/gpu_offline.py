@@ -76,7 +76,9 @@ def _zoo(name: str) -> Built:
     extra: dict[str, Any] = {"batch": BATCH} if BATCH else {}
     if BATCH and name == "llama":  # as long_context.py builds it: positions for the whole sequence
         extra["config"] = {"max_position_embeddings": max(BATCH[1], 2048)}
-    wl = zoo.build(name, tiny=False, device="cpu", dtype=torch.bfloat16, no_dropout=True, **extra)
+    if DROPOUT and name == "gpt2":  # attention's dropout would run as its math path on a CPU
+        extra["config"] = {**extra.get("config", {}), "attn_pdrop": 0.0}
+    wl = zoo.build(name, tiny=False, device="cpu", dtype=torch.bfloat16, no_dropout=not DROPOUT, **extra)
     return wl.model, wl.inputs, wl.loss
 
 
@@ -304,6 +306,9 @@ BATCH: tuple[int, int] | None = None
 """With ``--batch``: the model's batch (rows, sequence length) instead of the benchmark's."""
 PICKS = False
 """With ``--picks``: each budget's other tuning candidates planned and read too (``_picks``)."""
+DROPOUT = False
+"""With ``--dropout``: the model keeps its dropout (GPT-2's attention dropout off: on a CPU it would run as
+attention's math path, where a GPU runs a fused kernel with dropout)."""
 DIFFS: list[str] = []
 """With ``--diff``: each row's live sets, simulated and read (``peak_diff``'s reports)."""
 
@@ -382,16 +387,20 @@ def main() -> None:
     ap.add_argument("--offload", default="false", choices=["false", "auto", "all"], help="remat's offload option")
     ap.add_argument("--issue-us", type=float, default=0.0,
                     help="the host's time to issue one offloaded value's copies (Link.issue_seconds), in us")
+    ap.add_argument("--link", default="53.6,54.0", help="the host link's GB/s to and from the host (default: "
+                    "an H100's, real-models-h100-08-llama.json; real_models.py's offload notes give a run's)")
     ap.add_argument("--one-graph", action="store_true",
                     help="logger calls do not split the graph, as under a budget (HF GPT-2's loss in its graph)")
     ap.add_argument("--stock", action="store_true", help="torch.compile's own partition, as remat measures it")
     ap.add_argument("--diff", action="store_true", help="write peak_diff's live sets of each row to --out")
     ap.add_argument("--batch", default=None, help="ROWSxLENGTH, e.g. 1x88064 (long_context.py's Llama)")
+    ap.add_argument("--dropout", action="store_true",
+                    help="keep the model's dropout (GPT-2's attention dropout off: on a CPU it is a math path)")
     ap.add_argument("--picks", action="store_true",
                     help="also plan and read the other candidates tuning compiles under each budget")
     a = ap.parse_args()
-    global RECORDER, STOCK, BATCH, PICKS
-    STOCK, PICKS = a.stock, a.picks
+    global RECORDER, STOCK, BATCH, PICKS, DROPOUT
+    STOCK, PICKS, DROPOUT = a.stock, a.picks, a.dropout
     BATCH = tuple(int(x) for x in a.batch.split("x")) if a.batch else None
     if a.diff:
         RECORDER = peak_diff.Recorder()
@@ -400,7 +409,8 @@ def main() -> None:
     if a.offload != "false":  # the H100's pinned host link as measured there (real-models-h100-08-llama.json)
         from remat.core.offload import Link
         from remat.planning import offload
-        offload._LINKS[fake_gpu.H100.name] = Link(d2h=53.6e9, h2d=54.0e9, issue_seconds=a.issue_us * 1e-6)
+        d2h, h2d = (float(x) * 1e9 for x in a.link.split(","))
+        offload._LINKS[fake_gpu.H100.name] = Link(d2h=d2h, h2d=h2d, issue_seconds=a.issue_us * 1e-6)
     rows = [r for m in a.models for r in run(m, budgets, a.pad_mm == "force", a.one_graph,
                                                        False if a.offload == "false" else a.offload)]
     if a.out:

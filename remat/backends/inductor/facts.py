@@ -60,6 +60,14 @@ class NodeLowering:
     kind: Kind
     ops: int = 1
     """Ops the node adds to an inlined expression (Note [Inductor realization])."""
+    consts: frozenset[tuple[str, str]] = frozenset()
+    """The scalar constants it writes into an inlined expression, as (value as written, dtype):
+    each counted once per expression (Note [Inlined op counts])."""
+    load_ops: int = 0
+    """Ops an expression that reads this stored value adds besides the load and ``load_consts``:
+    a variance's scaling (Note [Inlined op counts])."""
+    load_consts: frozenset[tuple[str, str]] = frozenset()
+    """The constants that scaling writes."""
     dtype: str = ""
     """Element type of its value (a freed buffer is reused only for the same one); "": unknown."""
     block: str | None = None

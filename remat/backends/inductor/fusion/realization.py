@@ -44,8 +44,9 @@ __all__ = ["Lowered", "lower"]
 # (realize_cpu_acc_reads_threshold = 12 on CPU); realize_opcount_threshold = 30
 # (realize_cpu_opcount_threshold = 50 on CPU). "Several readers" counts the distinct fx users of the
 # node in its graph (the output node is one). The op count of an inlined expression is estimated
-# from the ops folded into it (``NodeLowering.ops``) plus one load per buffer it reads; "reads" are
-# the distinct buffers it loads.
+# from the ops folded into it (``NodeLowering.ops``), its distinct constants, and one load per
+# buffer it reads with what reading it brings along (``load_ops``; Note [Inlined op counts]);
+# "reads" are the distinct buffers it loads.
 #
 
 
@@ -111,7 +112,9 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
             inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
             rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
             members = frozenset({v}).union(*(e.members for e in inlined))
-            e = _Expr(rd, members, sum(g.facts[w].ops for w in members) + len(rd),
+            consts = frozenset().union(*(g.facts[w].consts for w in members), *(g.facts[r].load_consts for r in rd))
+            e = _Expr(rd, members, sum(g.facts[w].ops for w in members) + len(consts)
+                      + sum(1 + g.facts[r].load_ops for r in rd),
                       g.facts[v].heavy or any(e.heavy for e in inlined))
             expr[v], reads[v] = e, rd
             _realize_pointwise(v, e, users[v], v in outs, g, rules, store)
