@@ -102,9 +102,6 @@ def _runs_extern(node: fx.Node) -> bool:
     return isinstance(t, OpOverload) and inductor_runs_extern(t)
 
 
-LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
-
-
 def _own_ops(node: fx.Node) -> int:
     """Ops other than constants a pointwise node adds to an inlined Inductor expression (Note
     [Inlined op counts]): itself and one cast up for each floating operand of a lower precision
