@@ -139,9 +139,10 @@ def _consts(node: fx.Node) -> frozenset[tuple[str, str]]:
     """The scalar constants ``node`` writes into an inlined expression (a ``full``'s fill value, an
     op's scalar operands), as (value as written, dtype): Inductor's op count takes each distinct
     one once."""
-    if node.op != "call_function" or op_name(node) in CAST_OPS:
+    name = op_name(node)
+    if node.op != "call_function" or name in CAST_OPS:
         return frozenset()
-    fill = _is_fill(op_name(node))
+    fill = _is_fill(name)
     args = node.args[1:2] if fill else node.args
     val = node.meta.get("val")
     dtype = val.dtype if fill and isinstance(val, torch.Tensor) else _compute_dtype(node)
@@ -217,12 +218,13 @@ def _two_step_variance(n: int, x: torch.Tensor) -> bool:
 def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
     """How Inductor lowers ``node`` (``block``: its block for stage-local fusion, ``fusion_blocks``):
     every fact the peak model reads, read here once."""
+    load_ops, load_consts = _load_ops(node)
     return NodeLowering(
         kind=lowering_kind(node, _runs_extern(node)),
         ops=_own_ops(node),
         consts=_consts(node),
-        load_ops=_load_ops(node)[0],
-        load_consts=_load_ops(node)[1],
+        load_ops=load_ops,
+        load_consts=load_consts,
         dtype=cost.dtype_name(node.meta.get("val")),
         block=block,
         heavy=packet(op_name(node)).split(".")[-1] in HEAVY_OPS,
