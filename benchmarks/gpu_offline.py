@@ -185,7 +185,10 @@ def capture(name: str, pad_mm: bool = False, one_graph: bool = False) -> list[di
     except Exception:  # noqa: BLE001 - an initialisation that reads values (timm): built for real
         model, inputs, loss = _faked(mode, *build(name))
     compiled = torch.compile(model, backend=backend)
-    with mode, (compat.logging_in_graph() if one_graph else contextlib.nullcontext()):
+    from torch._inductor import config as inductor_config
+    # traced as remat's compile traces it: the rounding marks of Note [Emulated rounding]
+    with mode, (compat.logging_in_graph() if one_graph else contextlib.nullcontext()), \
+            inductor_config.patch(emulate_precision_casts=not STOCK):
         loss(compiled, inputs)
     return joints
 

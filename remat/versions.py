@@ -293,9 +293,17 @@ HOOKS: dict[str, Hook] = {
         "fx_graph_remote_cache is turned off where it exists."),
     "recompute_precision": Hook(
         "recomputed low-precision values equal the forward's bit for bit (Note [Recompute precision])",
-        ("torch._inductor.config.emulate_precision_casts",), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+        ("torch._inductor.config.emulate_precision_casts",
+         "torch.fx.experimental.proxy_tensor._maybe_record_pointwise_barrier",
+         "torch._inductor.lowering.make_pointwise"), (f"{_INDUCTOR}.hooks", f"{_INDUCTOR}.lowering"),
+        ("2.11", "2.13", "2.14"), OnDrift.WARN,
         "A recomputed bf16/fp16 value may differ in its last bits from the saved one: gradients depend on "
-        "the plan."),
+        "the plan. The op counts of rounded expressions (Note [Emulated rounding]) drift: predicted peaks "
+        "drift from the compiled ones.",
+        "The node meta key low_precision_pointwise_barrier, set by the trace and read by make_pointwise's "
+        "lowering, read in the source of each version; the counts checked against inner_fn_opcount on a bf16 "
+        "network (tests/backends/test_inline_opcount.py) and, on the oldest, HF Llama's loss backward in "
+        "Inductor's CUDA lowering without a GPU."),
     "inductor_partitioner": Hook(
         "Inductor partitions joint graphs with remat's partition function",
         ("torch._inductor.compile_fx.min_cut_rematerialization_partition",), (f"{_INDUCTOR}.hooks",), _BOTH,
@@ -479,8 +487,19 @@ HOOKS: dict[str, Hook] = {
         "Inductor's wrapper holds a freed buffer for a later one when its own peak estimate allows (Note "
         "[Reuse estimate])",
         ("torch._inductor.memory.estimate_peak_memory", "torch._inductor.codegen.wrapper.EfficientPeakEstimate",
-         "torch._inductor.codegen.wrapper.AllocateLine.plan"), (f"{_INDUCTOR}.fusion.reuse",), _BOTH,
-        OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones."),
+         "torch._inductor.codegen.wrapper.AllocateLine.plan",
+         "torch._inductor.memory.assign_memory_planning_info_for_scheduler_buffers",
+         "torch._inductor.utils.is_nonfreeable_buffers", "torch._inductor.config.combo_kernels",
+         "torch._inductor.config.deterministic",
+         "torch._inductor.config.reorder_for_compute_comm_overlap",
+         "torch._inductor.config.aten_distributed_optimizations.enable_simple_overlap"),
+        (f"{_INDUCTOR}.fusion.reuse", f"{_INDUCTOR}.hooks"), ("2.11", "2.13", "2.14"),
+        OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones.",
+        "Read in the scheduler's source of each version: with the peak-memory reordering off, a graph's own "
+        "buffers are sized for the estimate only under the settings estimate_sizes_buffers reads (2.11 and "
+        "2.13: none on by default; 2.14: the simple overlap of collectives, on by default). Checked on 2.11 "
+        "in Inductor's CUDA lowering without a GPU (ViT-B/16 at budget=0.5: the estimate was the backward's "
+        "saved values, 928.3 MiB)."),
     # --- ATen kernels' scratch (remat.backends.aten_scratch) -------------------------------------
     "aten_cpu_convolution_scratch": Hook(
         "ATen's CPU convolutions (oneDNN) copy their operands into blocked layouts",

@@ -119,10 +119,11 @@ def test_counts_match_inductors_on_a_bf16_conv_net(monkeypatch):
     both = [n for n in modelled if n in counted]
     assert len(both) >= 20, both
     errors = {n: modelled[n] - counted[n] for n in both}
-    # Counting two casts per low-precision operand and result (the model before the Note) put such
-    # expressions several ops over Inductor's, a recomputed BatchNorm-ReLU of ResNet-50 ten. From
-    # torch 2.13 Inductor casts a saved low-precision value down and up again where the forward
-    # also reads it (``emulate_precision_casts_on_saved_tensors``), which the model does not count:
-    # there it may count under Inductor (by up to 10 ops here on 2.13), never over.
-    assert all(e <= 1 for e in errors.values()), errors
-    assert sum(e == 0 for e in errors.values()) >= 0.5 * len(both), errors
+    # Counting two casts per low-precision operand and result of every op (the model before the
+    # Note) put such expressions several ops over Inductor's, a recomputed BatchNorm-ReLU of
+    # ResNet-50 ten; counting none where remat's compile marks the op for rounding (Note [Emulated
+    # rounding]) put them up to 10 under it here (torch 2.13: 59 of 100 exact). With the marks
+    # counted, each within 2 ops (CSE of shared casts and the rounding of saved values that
+    # ``emulate_precision_casts_on_saved_tensors`` adds from 2.13 are not modelled).
+    assert all(abs(e) <= 2 for e in errors.values()), errors
+    assert sum(e == 0 for e in errors.values()) >= 0.6 * len(both), errors

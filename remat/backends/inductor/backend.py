@@ -15,7 +15,14 @@ from ...versions import check_torch_version, drift
 from ..aten_scratch import scratch_bytes
 from ..base import Backend, WrapBackward
 from . import fusion
-from .hooks import channels_last_nodes, compile_fx, inductor_partitioner, recomputed_in_forward_layout, tag_stages
+from .hooks import (
+    channels_last_nodes,
+    compile_fx,
+    estimate_sizes_buffers,
+    inductor_partitioner,
+    recomputed_in_forward_layout,
+    tag_stages,
+)
 from .kernel_model import KernelModel
 from .lowering import index_sources, node_lowerings
 
@@ -24,9 +31,10 @@ __all__ = ["InductorBackend", "rules_for_graph"]
 
 def rules_for_graph(gm: fx.GraphModule) -> fusion.FusionRules:
     """The fusion rules of the graph's device; on a GPU, sized with its own multiprocessor count
-    (Note [Mix-order workspace])."""
+    (Note [Mix-order workspace]); buffer reuse judged by Inductor's estimate as this torch makes
+    it for a graph compiled in remat's order (Note [Reuse estimate])."""
     device = device_of(gm)
-    rules = fusion.rules_for(device)
+    rules = fusion.replace_rules(fusion.rules_for(device), reuse_estimate_buffers=estimate_sizes_buffers())
     if device == "cuda" and torch.cuda.is_available():
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         if sms != rules.sm_count:

@@ -112,6 +112,9 @@ class FusionGraph:
     numel: Sequence[int] = ()
     """Elements of each node's value, a view counting its base's (0 or absent: unknown); shows
     where a pointwise op broadcasts an operand (Note [Broadcast realization])."""
+    nonfreeable: frozenset[int] = frozenset()
+    """Inputs Inductor never frees inside the graph (the output gradients), which its own peak
+    estimate leaves out (Note [Reuse estimate])."""
 
     def __post_init__(self) -> None:
         check_facts(self.facts, len(self.inputs))

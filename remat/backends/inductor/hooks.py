@@ -23,6 +23,7 @@ from .lowering import fusion_blocks, node_lowering
 from .wrapper_reading import read_allocations
 
 __all__ = ["channels_last_nodes", "recomputed_in_forward_layout", "compile_fx", "in_remat_order", "graph_io_names",
+           "estimate_sizes_buffers",
            "inductor_partitioner", "stage_local_fusion", "STAGE_KEY", "tag_stages", "OFFLOAD_OPS"]
 
 # Note [Recompute precision]
@@ -224,6 +225,20 @@ def in_remat_order(ordered: bool = True) -> Iterator[None]:
         return
     with inductor_config.patch(reorder_for_peak_memory=False):
         yield
+
+
+def estimate_sizes_buffers() -> bool:
+    """Whether Inductor's peak estimate, which decides buffer reuse, counts a graph's own buffers
+    when remat's order is kept (Note [Reuse estimate]): only a pass run with the peak-memory
+    reordering off sizes them (``memory.assign_memory_planning_info_for_scheduler_buffers``),
+    each under its setting, read here (``versions.HOOKS["buffer_reuse_estimate"]``): combo
+    kernels, the compute-communication reordering, and where torch has it the simple
+    overlap of collectives, on by default."""
+    overlap = getattr(inductor_config, "aten_distributed_optimizations", None)
+    return bool(getattr(inductor_config, "combo_kernels", False)
+                or (getattr(inductor_config, "reorder_for_compute_comm_overlap", False)
+                    and not getattr(inductor_config, "deterministic", False))
+                or getattr(overlap, "enable_simple_overlap", False))
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ class KernelModel:
         outputs = frozenset(outputs)
         return FusionGraph(tuple(order), s.inputs, self.facts, s.nbytes, frozenset(given), outputs,
                            frozenset(s.root[v] for v in outputs),  # a gradient may be a view (permute of mm)
-                           elements(s, self.facts) if numel is None else numel)
+                           elements(s, self.facts) if numel is None else numel, frozenset(s.tangent))
 
 
 def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], model: KernelModel,
@@ -161,7 +161,7 @@ class _Copies:
         """One graph of the step with the copies, as ``KernelModel.graph`` builds it without."""
         outputs = frozenset(outputs)
         return FusionGraph(tuple(order), self.inputs[phase], self.facts, self.nbytes, frozenset(given), outputs,
-                           frozenset(self.root(s, v, phase) for v in outputs), numel)
+                           frozenset(self.root(s, v, phase) for v in outputs), numel, frozenset(s.tangent))
 
     def placed(self, s: Schedule, fwd: list[int], bwd: list[int], offload: Offload, ops_fwd: list[int],
                ops_bwd: list[int]) -> tuple[list[int], list[int]]:

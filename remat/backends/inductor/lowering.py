@@ -105,21 +105,48 @@ def _runs_extern(node: fx.Node) -> bool:
 def _own_ops(node: fx.Node) -> int:
     """Ops other than constants a pointwise node adds to an inlined Inductor expression (Note
     [Inlined op counts]): itself and one cast up for each floating operand of a lower precision
-    than the one it computes in; a cast is one op, a filled constant none (``_consts``)."""
+    than the one it computes in; a cast is one op, a filled constant none (``_consts``); where
+    Inductor emulates eager's rounding of a low-precision result, its two casts (Note [Emulated
+    rounding])."""
     if node.op != "call_function":
         return 0
     name = op_name(node)
-    if name in CAST_OPS:  # one ``to_dtype``; none to the dtype it has (a no-op Inductor removes)
-        src = tensor_inputs(node)
-        val = node.meta.get("val")
-        same = bool(src) and isinstance(val, torch.Tensor) and src[0].meta["val"].dtype == val.dtype
-        return 0 if same else 1
     if _is_fill(name):
         return 0
+    val = node.meta.get("val")
+    rounded = 2 if _emulated(node) and isinstance(val, torch.Tensor) and val.dtype in _LOW_PRECISION else 0
+    if name in CAST_OPS:  # one ``to_dtype``; none to the dtype it has (a no-op Inductor removes)
+        src = tensor_inputs(node)
+        same = bool(src) and isinstance(val, torch.Tensor) and src[0].meta["val"].dtype == val.dtype
+        return (0 if same else 1) + rounded
     widest = _compute_dtype(node)
     promoted = {a for a in tensor_inputs(node) if a.meta["val"].dtype.is_floating_point
                 and widest is not None and a.meta["val"].dtype != widest}
-    return 1 + len(promoted)
+    return 1 + len(promoted) + rounded
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _emulated(node: fx.Node) -> bool:
+    """Whether Inductor rounds this node's low-precision operands and result as eager would
+    (Note [Emulated rounding]; ``versions.HOOKS["recompute_precision"]``)."""
+    return bool(node.meta.get("low_precision_pointwise_barrier", False))
+
+
+# Note [Emulated rounding]
+# With ``emulate_precision_casts`` (on in remat's compile, Note [Recompute precision]) the trace
+# marks each op it records outside a decomposition whose result or an operand is bf16 or fp16
+# (``proxy_tensor._maybe_record_pointwise_barrier``: ``low_precision_pointwise_barrier`` in the
+# node's meta), and Inductor lowers such a pointwise op (``lowering.make_pointwise``) with a cast
+# down and back up around each low-precision operand it loads and around a low-precision result:
+# two ops each in its inlined expression, an operand's pair shared by the readers of one
+# expression (``_consts``: they are the same ops). HF Llama's loss backward at ``budget=0.3`` (an
+# H200): the logits' gradient, 31 ops counted without them, 35 with, and Inductor's choice of
+# where to store it follows from which side of 30 the count falls; its memory plan then wrote
+# the gradient beside the recomputed logits instead of into them, 1,000 MiB above the simulated
+# peak. The model copies Inductor's IR only where the trace marked the node: a graph traced
+# without the setting (``remat.explain`` captures as remat's compile does) has no marks.
 
 
 def _is_fill(name: str) -> bool:
@@ -137,16 +164,22 @@ def _compute_dtype(node: fx.Node) -> torch.dtype | None:
 
 def _consts(node: fx.Node) -> frozenset[tuple[str, str]]:
     """The scalar constants ``node`` writes into an inlined expression (a ``full``'s fill value, an
-    op's scalar operands), as (value as written, dtype): Inductor's op count takes each distinct
+    op's scalar operands), as (value as written, dtype), and the casts that round its
+    low-precision operands (Note [Emulated rounding]): Inductor's op count takes each distinct
     one once."""
     name = op_name(node)
-    if node.op != "call_function" or name in CAST_OPS:
+    if node.op != "call_function":
         return frozenset()
+    rounded = frozenset((f"rounded {a.name}", step) for a in tensor_inputs(node) for step in ("down", "up")
+                        if _emulated(node) and a.meta["val"].dtype in _LOW_PRECISION)
+    if name in CAST_OPS:
+        return rounded
     fill = _is_fill(name)
     args = node.args[1:2] if fill else node.args
     val = node.meta.get("val")
     dtype = val.dtype if fill and isinstance(val, torch.Tensor) else _compute_dtype(node)
-    return frozenset((repr(a), str(dtype)) for a in args if isinstance(a, (int, float)) and not isinstance(a, bool))
+    return rounded | frozenset((repr(a), str(dtype)) for a in args if isinstance(a, (int, float))
+                               and not isinstance(a, bool))
 
 
 def _load_ops(node: fx.Node) -> tuple[int, frozenset[tuple[str, str]]]:

@@ -96,7 +96,8 @@ def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
         groups, end = _merged(groups, g, rules)
     if rules.reuse:
-        alias = reuse(Fused(groups, reads, fine, end, estimated, whole_reads), g, alias, rules.reuse_margin)
+        alias = reuse(Fused(groups, reads, fine, end, estimated, whole_reads), g, alias, rules.reuse_margin,
+                      rules.reuse_estimate_buffers)
     alias = {v: storage_of(alias, v) for v in alias}
     held = _mix_order_workspace(groups, mixed, reads, g, rules)
     out = [Kernel(tuple(grp), tuple(v for v in grp if g.nbytes[v] and v not in alias),

@@ -28,16 +28,18 @@ class Fused:
     """What those buffers read."""
 
 
-def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float) -> dict[int, int]:
+def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float,
+          own_buffers: bool = False) -> dict[int, int]:
     """Inductor's wrapper reuses a freed buffer for a later one of the same size and dtype instead
     of freeing it, holding it meanwhile, when the kernels are adjacent or its own estimate of the
     graph's peak (bytes after each kernel, freeable inputs counted) allows it
     (``codegen/wrapper.py: AllocateLine.plan, EfficientPeakEstimate``;
     ``versions.HOOKS["buffer_reuse_estimate"]``). Freed buffers
-    are reused last in, first out. ``margin``: ``FusionRules.reuse_margin``."""
+    are reused last in, first out. ``margin``: ``FusionRules.reuse_margin``; ``own_buffers``:
+    ``FusionRules.reuse_estimate_buffers``."""
     groups, reads, end, nbytes, given, outs = fused.groups, fused.reads, fused.end, g.nbytes, g.given, g.output_storages
     alias = dict(alias)
-    after = _estimate(fused.estimated, fused.estimated_reads, g)
+    after = _estimate(fused.estimated, fused.estimated_reads, g, own_buffers)
     overall = max(after, default=0)
     n = len(groups)
     last: dict[int, int] = {}
@@ -86,21 +88,30 @@ def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float) ->
 # Note [Reuse estimate]
 # Whether the wrapper holds a freed buffer for a later allocation of its size is decided against
 # Inductor's own estimate of the graph's peak (``memory.estimate_peak_memory`` over the scheduler
-# nodes, ``wrapper.EfficientPeakEstimate``; versions.HOOKS["buffer_reuse_estimate"]). That estimate
-# is made before code is generated: every buffer a fused kernel defines counts from that kernel to
-# its last reader, also the ones code generation then keeps in registers or a per-row local buffer,
-# and a kernel's output counts beside the input it is later written into in place. The model's copy
-# counts the same. Measured (CPU, the small float32 HF Llama at budget 0.5): a SiLU backward kernel
-# defines five 0.69 MiB buffers, one local and one written in place; Inductor estimated the
-# backward's peak at 7.97 MiB, the model's copy without them at 6.12, so the model let the five
-# buffers be freed where the wrapper held them through the attention backward for the next layer's
-# MLP (read peak 8.04 MiB, simulated 6.12).
+# nodes, ``wrapper.EfficientPeakEstimate``; versions.HOOKS["buffer_reuse_estimate"]), made before
+# code is generated. It counts the freeable inputs (the graph's inputs but parameters and output
+# gradients, ``utils.is_nonfreeable_buffers``) from the start to their last reader, and the
+# graph's own buffers only where Inductor sized them for the estimate, which its peak-memory
+# reordering does (``memory.assign_memory_planning_info_for_scheduler_buffers``): otherwise each
+# counts 0 bytes. remat compiles its plans with that reordering off (Note [remat's order kept]),
+# so for them (``FusionRules.reuse_estimate_buffers`` False) a backward's estimate is its saved
+# values, falling as they die, and a forward's is 0: a buffer is held for a later one only for
+# the next kernel, or where it fits under the saved values still alive. ViT-B/16 at
+# ``budget=0.5`` (Inductor's CUDA lowering without a GPU, on the oldest version the hook names):
+# Inductor estimated the backward's peak at 928.3 MiB, its saved values, and freed each block's 147.75 MiB MLP buffers
+# where the model's copy, counting every buffer (1,516 MiB), held two of them through every
+# attention backward for the next block: simulated 1,615 MiB against 1,410 read, 1,330 with the
+# estimate as Inductor makes it. Where the reordering runs (torch.compile's own partition, a
+# tuning candidate) every buffer counts from its first writer to its last reader, and a
+# kernel's output beside the input it is later written into in place, also the ones code
+# generation then keeps in registers or a per-row local buffer.
 
 
-def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph) -> list[int]:
+def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,
+              own_buffers: bool) -> list[int]:
     """Inductor's own estimate of live bytes at each kernel (``memory.estimate_peak_memory``):
-    freeable inputs from the start to their last reader, each storage from its first writer to
-    its last reader (outputs to the end)."""
+    freeable inputs (all but ``g.nonfreeable``) from the start to their last reader and, with
+    ``own_buffers``, each storage from its first writer to its last reader (outputs to the end)."""
     nbytes, given = g.nbytes, g.given
     n = len(groups)
     last: dict[int, int] = {}
@@ -112,13 +123,13 @@ def _estimate(groups: list[list[int]], reads: dict[int, frozenset[int]], g: Fusi
             for u in reads[v]:
                 last[u] = i
     delta = [0] * (n + 2)
-    for u in given:
+    for u in given - g.nonfreeable:
         if nbytes[u] and u in last:
             delta[0] += nbytes[u]
             delta[last[u] + 1] -= nbytes[u]
     kept = g.output_storages
     for s, i in first.items():
-        if nbytes[s] and s not in given:
+        if own_buffers and nbytes[s] and s not in given:
             t = n if s in kept else last[s]
             delta[i] += nbytes[s]
             delta[t + 1] -= nbytes[s]

@@ -97,6 +97,11 @@ class FusionRules:
     and it reads for the last time (Triton's ``in_out_ptr``, Note [Looped reductions])."""
     reuse: bool = True
     """A freed buffer is held for a later one of its size when Inductor's peak estimate allows."""
+    reuse_estimate_buffers: bool = False
+    """Inductor's peak estimate, which decides buffer reuse, counts the graph's own buffers. It
+    does only where its peak-memory reordering sized them; remat compiles its plans with that
+    reordering off (Note [remat's order kept]), so the estimate is the freeable inputs alone
+    (Note [Reuse estimate])."""
     reuse_margin: float = 0.01
     """Holding a freed buffer counts as allowed when it raises the model's copy of Inductor's
     peak estimate by at most this fraction. The copy differs from Inductor's own by small
