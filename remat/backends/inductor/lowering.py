@@ -115,6 +115,11 @@ def _own_ops(node: fx.Node) -> int:
         return 0
     val = node.meta.get("val")
     rounded = 2 if _emulated(node) and isinstance(val, torch.Tensor) and val.dtype in _LOW_PRECISION else 0
+    if name in _LOADS:  # the load of its operand alone (a gather's load at the index it computes)
+        return rounded + (name == "prims.iota.default")
+    if name == "aten.constant_pad_nd.default":  # per padded edge: its index, a compare, and the masks joined
+        edges = sum(1 for e in node.args[1] if isinstance(e, int) and e > 0) if len(node.args) > 1 else 0
+        return max(3 * edges, 1) + rounded
     if name in CAST_OPS:  # one ``to_dtype``; none to the dtype it has (a no-op Inductor removes)
         src = tensor_inputs(node)
         same = bool(src) and isinstance(val, torch.Tensor) and src[0].meta["val"].dtype == val.dtype
@@ -126,6 +131,24 @@ def _own_ops(node: fx.Node) -> int:
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+_LOADS = frozenset({"aten.clone.default", "aten.gather.default", "prims.iota.default"})
+"""Pointwise ops Inductor lowers to one load or index (``iota``: its index expression), no op of
+their own (measured with ``inner_fn_opcount``: a clone 1, a gather its operand's and its index's
+expressions, an iota 1 whatever its start and step)."""
+
+
+def _value_args(node: fx.Node) -> list[object]:
+    """The positional arguments of ``node`` that are values (not dims, sizes or lists): those whose
+    schema type is not an int (a gather's dim, an iota's start and step are not constants)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return list(node.args)
+    out = []
+    for i, a in enumerate(node.args):
+        typ = str(schema.arguments[i].type) if i < len(schema.arguments) else ""
+        if typ not in ("int", "SymInt", "Optional[int]", "Optional[SymInt]", "int?", "SymInt?"):
+            out.append(a)
+    return out
 
 
 def _emulated(node: fx.Node) -> bool:
@@ -175,7 +198,7 @@ def _consts(node: fx.Node) -> frozenset[tuple[str, str]]:
     if name in CAST_OPS:
         return rounded
     fill = _is_fill(name)
-    args = node.args[1:2] if fill else node.args
+    args = _value_args(node)
     val = node.meta.get("val")
     dtype = val.dtype if fill and isinstance(val, torch.Tensor) else _compute_dtype(node)
     return rounded | frozenset((repr(a), str(dtype)) for a in args if isinstance(a, (int, float))

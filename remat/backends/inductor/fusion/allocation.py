@@ -72,6 +72,7 @@ def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[
              for v in g.order if v in lowered.stored}
     groups, mixed = _groups(g, lowered, rules, reads)
     whole, whole_reads = groups, reads  # what Inductor's own peak estimate counts (Note [Reuse estimate])
+    direct = reads  # what each node's own code reads, local buffers included (``_inplace``)
     if rules.local_buffers:
         # A mix-order reduction kernel takes no pointwise prologue: what it reads stays stored.
         local = _local_buffers([grp for grp in groups if grp[0] not in mixed], reads, g, keep,
@@ -90,7 +91,7 @@ def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[
     groups = [grp for grp in groups if grp]
     alias: dict[int, int] = {}
     if rules.inplace:
-        alias = _inplace(groups, reads, g, lowered, keep, rules.inplace_in_kernel)
+        alias = _inplace(groups, reads, direct, g, lowered, keep, rules.inplace_in_kernel)
     fine = groups  # Inductor estimates its peak per fused kernel, before C++ kernel groups merge
     end = list(range(len(groups)))  # per group: the index in ``fine`` of its last kernel
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
@@ -292,11 +293,15 @@ def _through_local(reads: dict[int, frozenset[int]], local: set[int]) -> dict[in
     return {v: rd for v, rd in out.items() if v not in local}
 
 
-def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph, lowered: Lowered,
-             keep: frozenset[int], in_kernel: bool) -> dict[int, int]:
+def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], direct: dict[int, frozenset[int]],
+             g: FusionGraph, lowered: Lowered, keep: frozenset[int], in_kernel: bool) -> dict[int, int]:
     """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
     reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``);
-    with ``in_kernel``, also into one an earlier node of its own kernel stored."""
+    with ``in_kernel``, also into one an earlier node of its own kernel stored. ``reads``: the
+    storages each node keeps alive (through the local buffers it reads); ``direct``: the ones its
+    own code reads, the only ones Inductor writes it into: a buffer a local one was computed from
+    is read by that local buffer's node (HF Llama's loss backward on a GPU: the logits' gradient,
+    computed from a float32 local buffer, is not written into the recomputed logits)."""
     nbytes = g.nbytes
     group_of = {v: i for i, grp in enumerate(groups) for v in grp}
     pos = {v: k for grp in groups for k, v in enumerate(grp)}
@@ -310,7 +315,7 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], g: Fusio
         for v in grp:
             if not nbytes[v] or g.is_extern(v):
                 continue
-            for u in sorted(reads[v]):
+            for u in sorted(direct[v]):
                 s = alias.get(u, u)
                 earlier = group_of.get(s, i) < i or (in_kernel and group_of.get(s) == i and pos[s] < pos[v])
                 if (s in lowered.stored and s not in keep and s not in taken and earlier and not g.facts[s].own_buffer
