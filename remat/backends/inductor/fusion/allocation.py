@@ -88,10 +88,15 @@ def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[
             pending = []
     if pending and estimated:
         estimated[-1] += pending
+    kernel_of: dict[int, int] = {}  # every stored node, local ones too -> its kernel (-1: none is left)
+    k = 0
+    for grp, w in zip(groups, whole):
+        kernel_of.update((v, k if grp else -1) for v in w)
+        k += bool(grp)
     groups = [grp for grp in groups if grp]
     alias: dict[int, int] = {}
     if rules.inplace:
-        alias = _inplace(groups, reads, direct, g, lowered, keep, rules.inplace_in_kernel)
+        alias = _inplace(groups, reads, direct, kernel_of, g, lowered, keep, rules.inplace_in_kernel)
     fine = groups  # Inductor estimates its peak per fused kernel, before C++ kernel groups merge
     end = list(range(len(groups)))  # per group: the index in ``fine`` of its last kernel
     if rules.one_kernel_between_externs:  # frees happen after the merged kernel: reuse across it
@@ -294,14 +299,18 @@ def _through_local(reads: dict[int, frozenset[int]], local: set[int]) -> dict[in
 
 
 def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], direct: dict[int, frozenset[int]],
-             g: FusionGraph, lowered: Lowered, keep: frozenset[int], in_kernel: bool) -> dict[int, int]:
+             kernel_of: dict[int, int], g: FusionGraph, lowered: Lowered, keep: frozenset[int],
+             in_kernel: bool) -> dict[int, int]:
     """A generated kernel writes an output into a same-sized buffer of an earlier kernel that it
     reads for the last time (``config.inplace_buffers``, ``BaseSchedulerNode.decide_inplace_update``);
     with ``in_kernel``, also into one an earlier node of its own kernel stored. ``reads``: the
     storages each node keeps alive (through the local buffers it reads); ``direct``: the ones its
     own code reads, the only ones Inductor writes it into: a buffer a local one was computed from
     is read by that local buffer's node (HF Llama's loss backward on a GPU: the logits' gradient,
-    computed from a float32 local buffer, is not written into the recomputed logits)."""
+    computed from a float32 local buffer, is not written into the recomputed logits). A buffer of
+    an earlier kernel is taken only by its one reader in this kernel: Inductor writes in place
+    where the buffer has no other use left (ViT-B/16's recomputed GELU input, read by the GELU
+    and by its derivative in one kernel, is not overwritten by the GELU)."""
     nbytes = g.nbytes
     group_of = {v: i for i, grp in enumerate(groups) for v in grp}
     pos = {v: k for grp in groups for k, v in enumerate(grp)}
@@ -309,6 +318,10 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], direct: 
     for v, rd in reads.items():
         for u in rd:
             last[u] = max(last.get(u, (-1, -1)), (group_of[v], pos[v]))
+    users: dict[tuple[int, int], set[int]] = {}  # (storage, group) -> the nodes of it whose code reads it
+    for v, rd in direct.items():
+        for u in rd:
+            users.setdefault((u, kernel_of.get(v, -1)), set()).add(v)
     alias: dict[int, int] = {}
     taken: set[int] = set()
     for i, grp in enumerate(groups):
@@ -317,9 +330,11 @@ def _inplace(groups: list[list[int]], reads: dict[int, frozenset[int]], direct: 
                 continue
             for u in sorted(direct[v]):
                 s = alias.get(u, u)
-                earlier = group_of.get(s, i) < i or (in_kernel and group_of.get(s) == i and pos[s] < pos[v])
+                before = group_of.get(s, i) < i  # an earlier kernel's: this node must be its one reader here
+                earlier = (before and users.get((s, i), set()) <= {v}) or (
+                    in_kernel and group_of.get(s) == i and pos[s] < pos[v])
                 if (s in lowered.stored and s not in keep and s not in taken and earlier and not g.facts[s].own_buffer
-                        and last.get(s, (-1, -1))[0] == i and (last[s][1] == pos[v] or group_of.get(s, i) < i)
+                        and last.get(s, (-1, -1))[0] == i and (last[s][1] == pos[v] or before)
                         and nbytes[s] == nbytes[v] and g.dtype(s) == g.dtype(v)):
                     alias[v], last[s] = s, max(last[s], last.get(v, (i, pos[v])))
                     taken.add(s)
