@@ -494,3 +494,60 @@ def test_addmm_fusion_is_read_off_the_graph_for_full_adds_only():
     gm = make_fx(f)(torch.randn(4, 3), torch.randn(3, 5), torch.randn(4, 5), torch.randn(5))
     mms = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
     assert [lowering.node_lowering(n, None).at_reader for n in mms] == [True, False]  # a bias is not full
+
+
+def test_a_buffer_two_nodes_of_a_kernel_read_is_not_written_in_place():
+    # p and q (one kernel between the matmuls a and e) both read a for the last time. Inductor
+    # writes a node into an input only where it is that input's one use left, so neither takes
+    # a's buffer (ViT's recomputed GELU input, read by the GELU and its derivative); e, an extern
+    # kernel after them, may reuse it once it is freed.
+    spec = [("x", "input", (), 0), ("a", "extern", ("x",), 100), ("p", "pointwise", ("a",), 100),
+            ("q", "pointwise", ("a",), 100), ("e", "extern", ("p", "q"), 100)]
+    s = graph(spec, ["e"])
+    ks, alias = kernels(s)
+    assert {s.names[k]: s.names[v] for k, v in alias.items()} == {"e": "a"}
+    assert [[s.names[v] for v in k.allocs] for k in ks] == [["a"], ["p", "q"], []]
+    assert simulate(s, set()).peak_bytes == 300
+
+
+def test_no_write_into_the_input_of_a_local_buffer():
+    # o's own code reads the local buffer p (40 ops, two readers: stored, kept in registers), not
+    # d, which p's node reads: o gets its own buffer (HF Llama's logits gradient, computed from a
+    # float32 local buffer, beside the recomputed logits).
+    spec = [("x", "input", (), 0), ("d", "extern", ("x",), 100), ("p", "pointwise", ("d",), 100),
+            ("u1", "pointwise", ("p",), 100), ("u2", "pointwise", ("p",), 100), ("o", "pointwise", ("u1", "u2"), 100),
+            ("e", "extern", ("o",), 100)]
+    s = graph(spec, ["e"], ops=(1, 1, 40, 1, 1, 1, 1))
+    ks, alias = kernels(s)
+    assert "o" not in {s.names[k] for k in alias}
+    assert "o" in {s.names[v] for k in ks for v in k.allocs}
+
+
+def test_reuse_estimate_without_the_graphs_own_buffers():
+    # remat's order kept, Inductor's estimate sizes no buffer of the graph (Note [Reuse estimate]):
+    # a forward's estimate is 0, so c takes a's buffer only if it were the next kernel; it is
+    # two kernels later and gets its own (2004 B). Where the estimate counts every buffer (SIZED)
+    # holding a is within the margin (2012 B).
+    spec = [("x", "input", (), 0), ("a", "extern", ("x",), 1000), ("b", "extern", ("a",), 1000),
+            ("q", "extern", ("x",), 8), ("p", "extern", ("q",), 4), ("c", "extern", ("b", "p"), 1000)]
+    assert simulate(graph(spec, ["c"]), set()).peak_bytes == 2004
+    assert simulate(graph(spec, ["c"], rules=SIZED), set()).peak_bytes == 2012
+
+
+def test_which_settings_make_inductor_size_its_buffers():
+    # Note [Reuse estimate]: with the peak-memory reordering off, a graph's buffers are sized for
+    # the estimate only under these settings; remat's rules follow them (backend.rules_for_graph).
+    from torch._inductor import config
+
+    from remat.backends.inductor.backend import rules_for_graph
+    from remat.backends.inductor.hooks import estimate_sizes_buffers
+
+    overlap = getattr(config, "aten_distributed_optimizations", None)
+    off = {"combo_kernels": False, "reorder_for_compute_comm_overlap": False}
+    if overlap is not None and hasattr(overlap, "enable_simple_overlap"):
+        off["aten_distributed_optimizations.enable_simple_overlap"] = False
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with config.patch(off):
+        assert not estimate_sizes_buffers() and not rules_for_graph(gm).reuse_estimate_buffers
+    with config.patch({**off, "combo_kernels": True}):
+        assert estimate_sizes_buffers() and rules_for_graph(gm).reuse_estimate_buffers

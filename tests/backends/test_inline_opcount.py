@@ -127,3 +127,41 @@ def test_counts_match_inductors_on_a_bf16_conv_net(monkeypatch):
     # ``emulate_precision_casts_on_saved_tensors`` adds from 2.13 are not modelled).
     assert all(abs(e) <= 2 for e in errors.values()), errors
     assert sum(e == 0 for e in errors.values()) >= 0.6 * len(both), errors
+
+
+def test_rounding_marks_count_their_casts():
+    """Traced with ``emulate_precision_casts`` (as remat compiles), an op on bf16 values is marked,
+    and Inductor rounds each bf16 operand (two casts, shared by the expression's readers of it)
+    and a bf16 result (two casts): Note [Emulated rounding]. Unmarked, none."""
+    from torch._inductor import config
+
+    a, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
+
+    def f(a, b):
+        return a + b
+
+    with config.patch(emulate_precision_casts=True):
+        marked = _nodes(f, a, b)["add"]
+        twice = _nodes(lambda a: a + a, a)["add"]
+    plain = _nodes(f, a, b)["add"]
+    assert lowering._own_ops(marked) == 1 + 2 and lowering._own_ops(plain) == 1
+    assert len(lowering._consts(marked)) == 4 and lowering._consts(plain) == frozenset()
+    assert len(lowering._consts(twice)) == 2  # one operand read twice: its rounding once
+
+
+def test_pads_clones_gathers_and_iotas_count_as_inductor_lowers_them():
+    """Measured with ``inner_fn_opcount``: each padded edge 3 ops (its index, a compare, the masks
+    joined), a clone or a gather only the load, an iota its index (its start and step, ints of its
+    schema, are not constants), a gather's dim no constant."""
+    import torch.nn.functional as F
+
+    x, i = torch.randn(4, 8), torch.randint(0, 8, (4, 8))
+    nodes = _nodes(lambda x, i: (F.pad(x, (0, 1), value=-1.0), F.pad(x, (1, 1, 2, 0)), x[:, 1:].clone(),
+                                 torch.gather(x, 1, i), torch.arange(3, 19, 2)), x, i)
+    assert lowering._own_ops(nodes["constant_pad_nd"]) == 3
+    assert lowering._own_ops(nodes["constant_pad_nd_1"]) == 9
+    assert lowering._consts(nodes["constant_pad_nd"]) == frozenset({("-1.0", "torch.float32")})
+    assert lowering._own_ops(nodes["clone"]) == 0 and lowering._own_ops(nodes["gather"]) == 0
+    assert lowering._consts(nodes["gather"]) == frozenset()
+    iota = next(n for name, n in nodes.items() if name.startswith(("iota", "arange")))
+    assert lowering._own_ops(iota) == 1
