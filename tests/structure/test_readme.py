@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import torch
+
 import remat
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,7 +61,15 @@ def test_demo_output_in_readme_is_what_the_demo_prints(capsys):
     printed = capsys.readouterr().out.rstrip("\n")
     text = README.read_text()
     block = re.search(r"The demo \(`python examples/quickstart.py`.*?\n```\n(.*?)\n```", text, re.S).group(1)
-    assert _normalise(block) == _normalise(printed)
+    installed = re.search(r"pip install torch==(\d+\.\d+)\.", text).group(1)
+    if torch.__version__.startswith(installed + "."):
+        assert _normalise(block) == _normalise(printed)
+        return
+    # Another torch's Inductor may plan the demo otherwise (its reuse estimate, Note [Reuse
+    # estimate]): the README shows the torch its commands install; here the training lines hold.
+    steps = [line for line in printed.splitlines() if line.startswith("step ")]
+    assert printed.startswith("remat plan: ") and len(steps) == 3, printed
+    assert all(re.search(r"gradients equal eager autograd's within 1e-06$", line) for line in steps), steps
 
 
 def test_signature_line_names_every_option():
