@@ -327,7 +327,7 @@ def test_faster_picks_only_where_the_choice_read_below_its_simulation():
     chosen = min(points, key=lambda p: p.predicted_peak_bytes)
     budget = chosen.predicted_peak_bytes + 1
     faster = [p for p in points if p.cost_seconds < chosen.cost_seconds]
-    assert len(faster) >= 2
+    assert faster  # one on this frontier since the reuse estimate became Inductor's (two before)
     assert faster_picks(chosen, points, 2, budget) == []  # not compiled: nothing read
     assert faster_picks(chosen.with_compiled_peak(chosen.predicted_peak_bytes + 8), points, 2, budget) == []
     read = chosen.with_compiled_peak(chosen.predicted_peak_bytes // 2)
