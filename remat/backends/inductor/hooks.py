@@ -229,11 +229,11 @@ def in_remat_order(ordered: bool = True) -> Iterator[None]:
 
 def estimate_sizes_buffers() -> bool:
     """Whether Inductor's peak estimate, which decides buffer reuse, counts a graph's own buffers
-    when remat's order is kept (Note [Reuse estimate]): only a pass run with the peak-memory
-    reordering off sizes them (``memory.assign_memory_planning_info_for_scheduler_buffers``),
-    each under its setting, read here (``versions.HOOKS["buffer_reuse_estimate"]``): combo
-    kernels, the compute-communication reordering, and where torch has it the simple
-    overlap of collectives, on by default."""
+    when remat's order is kept (Note [Reuse estimate]). With the peak-memory reordering off, only
+    these passes size them (``memory.assign_memory_planning_info_for_scheduler_buffers``), each
+    under its setting, read here (``versions.HOOKS["buffer_reuse_estimate"]``): combo kernels,
+    the compute-communication reordering, and, where torch has it, the simple overlap of
+    collectives (on by default)."""
     overlap = getattr(inductor_config, "aten_distributed_optimizations", None)
     return bool(getattr(inductor_config, "combo_kernels", False)
                 or (getattr(inductor_config, "reorder_for_compute_comm_overlap", False)

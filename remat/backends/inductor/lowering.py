@@ -164,12 +164,13 @@ def _emulated(node: fx.Node) -> bool:
 # node's meta), and Inductor lowers such a pointwise op (``lowering.make_pointwise``) with a cast
 # down and back up around each low-precision operand it loads and around a low-precision result:
 # two ops each in its inlined expression, an operand's pair shared by the readers of one
-# expression (``_consts``: they are the same ops). HF Llama's loss backward at ``budget=0.3`` (an
-# H200): the logits' gradient, 31 ops counted without them, 35 with, and Inductor's choice of
-# where to store it follows from which side of 30 the count falls; its memory plan then wrote
-# the gradient beside the recomputed logits instead of into them, 1,000 MiB above the simulated
-# peak. The model copies Inductor's IR only where the trace marked the node: a graph traced
-# without the setting (``remat.explain`` captures as remat's compile does) has no marks.
+# expression (``_consts``: they are the same ops). HF Llama's loss backward at ``budget=0.3``
+# (Inductor's CUDA lowering without a GPU, traced as an H200 ran it): unmarked, the float32
+# log-softmax gradient's expression reached 30 ops and was inlined into its bf16 cast, stored at
+# 31 and written into the recomputed logits; marked, the gradient alone passes 30 (32 in the
+# model), is stored (in registers), and the bf16 cast gets a new 1,000 MiB buffer beside the
+# logits: the read the H200 made. A graph traced without the setting has no marks and is
+# counted without these casts.
 
 
 def _is_fill(name: str) -> bool:

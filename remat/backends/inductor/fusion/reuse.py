@@ -98,8 +98,8 @@ def reuse(fused: Fused, g: FusionGraph, alias: dict[int, int], margin: float,
 # values, falling as they die, and a forward's is 0: a buffer is held for a later one only for
 # the next kernel, or where it fits under the saved values still alive. ViT-B/16 at
 # ``budget=0.5`` (Inductor's CUDA lowering without a GPU, on the oldest version the hook names):
-# Inductor estimated the backward's peak at 928.3 MiB, its saved values, and freed each block's 147.75 MiB MLP buffers
-# where the model's copy, counting every buffer (1,516 MiB), held two of them through every
+# Inductor estimated the backward's peak at 928.3 MiB, its saved values, and freed each block's
+# 147.75 MiB MLP buffers where the model's copy, counting every buffer (1,516 MiB), held two of them through every
 # attention backward for the next block: simulated 1,615 MiB against 1,410 read, 1,330 with the
 # estimate as Inductor makes it. Where the reordering runs (torch.compile's own partition, a
 # tuning candidate) every buffer counts from its first writer to its last reader, and a
