@@ -471,6 +471,21 @@ HOOKS: dict[str, Hook] = {
         (f"{_INDUCTOR}.lowering", f"{_INDUCTOR}.kernel_model"), ("2.13", "2.14"), OnDrift.UNDETECTED,
         "Predicted peaks drift from the compiled ones where a matmul's add runs far from it.",
         "Read in the 2.13 and 2.14.1 sources; seen in 2.14.1's CUDA code generated on a CPU (gpu_offline.py)."),
+    "padded_operand_stored": Hook(
+        "a 2-D pad that one matmul reads stores its operand first (Note [A padded matmul operand is stored])",
+        ("torch._inductor.config.inplace_padding", "torch._inductor.lowering.inplace_constant_pad_nd"),
+        (f"{_INDUCTOR}.lowering", f"{_INDUCTOR}.fusion.realization"), ("2.11", "2.13", "2.14"), OnDrift.WARN,
+        "Predicted peaks drift from the compiled ones around padded matmuls (a GPU's pad_mm).",
+        "Read in the 2.11, 2.13 and 2.14.1 sources (the same test: one mm or addmm reader, padding of four, "
+        "a 2-D operand, then realize); seen in 2.11's CUDA code generated on a CPU (gpu_offline.py --pad-mm force)."),
+    "iteration_space": Hook(
+        "GPU: a Triton kernel loops over one iteration space, so work of other sizes between two extern kernels "
+        "is another kernel (Note [One iteration space])",
+        ("torch._inductor.codegen.simd.SIMDScheduling.can_fuse",),
+        (f"{_INDUCTOR}.fusion.allocation", f"{_INDUCTOR}.fusion.rules"), ("2.11", "2.13", "2.14"),
+        OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones where work of several sizes meets.",
+        "Read in the 2.11, 2.13 and 2.14.1 sources; seen in 2.11's CUDA code generated on a CPU (gpu_offline.py) "
+        "and on an H100 (HF GPT-2's padded LM head)."),
     "mix_order_reduction": Hook(
         "GPU: a batch reduction fused with a sibling row reduction, and its workspace (Note [Mix-order "
         "workspace])",

@@ -165,3 +165,20 @@ def test_pads_clones_gathers_and_iotas_count_as_inductor_lowers_them():
     assert lowering._consts(nodes["gather"]) == frozenset()
     iota = next(n for name, n in nodes.items() if name.startswith(("iota", "arange")))
     assert lowering._own_ops(iota) == 1
+
+
+def test_a_pad_one_matmul_reads_stores_its_operand():
+    """Note [A padded matmul operand is stored]: a 2-D pad (four pad sizes, as pad_mm writes them)
+    whose one reader is a matmul; not one with two readers, one a sum reads, one of two pad sizes
+    (Inductor's test), or a 3-D one."""
+    import torch.nn.functional as F
+
+    x, w, y = torch.randn(4, 7), torch.randn(8, 3), torch.randn(2, 4, 7)
+    both = (0, 1, 0, 0)
+    nodes = _nodes(lambda x, w, y: (F.pad(x * 2, both) @ w, F.pad(x + 1, both).sum(),
+                                    torch.relu(F.pad(x - 1, both)) @ w + F.pad(x - 1, both).sum(),
+                                    F.pad(x * 3, (0, 1)) @ w, F.pad(y, (0, 1, 0, 0)).sum()),
+                   x, w, y)
+    pads = [n for name, n in nodes.items() if name.startswith("constant_pad_nd")]
+    assert [lowering._pad_stores_operand(n) for n in pads] == [True, False, False, False, False, False]
+    assert lowering.node_lowering(pads[0], None).stores_operand

@@ -78,6 +78,9 @@ class NodeLowering:
     at_reader: bool = False
     """A matmul Inductor fuses with the add that reads it into one ``addmm``, which runs where
     the add does (Note [Matmuls fused into the add that reads them])."""
+    stores_operand: bool = False
+    """Inductor stores the value it reads before lowering it: a 2-D pad whose one reader is a
+    matmul (Note [A padded matmul operand is stored])."""
     own_buffer: bool = False
     """A fallback kernel that allocates its output itself (remat's offload copies, Note
     [Offloaded values in Inductor's kernels]): its output never takes a freed buffer, and no

@@ -286,7 +286,39 @@ def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
         block=block,
         heavy=packet(op_name(node)).split(".")[-1] in HEAVY_OPS,
         at_reader=_fused_into_addmm(node),
+        stores_operand=_pad_stores_operand(node),
     )
+
+
+# Note [A padded matmul operand is stored]
+# Inductor lowers a 2-D ``constant_pad_nd`` whose one reader is a matmul (``mm``, ``addmm``) by
+# first storing its operand (``lowering.py: inplace_constant_pad_nd``, under
+# ``config.inplace_padding``, on by default: it hopes to pad in place, in the operand's spare
+# columns, and where it cannot, pads the stored copy). On a GPU these are ``pad_mm``'s pads of a
+# matmul with an unaligned size: HF GPT-2's LM head pads the logits' gradient (8192 x 50257) for
+# one or both of its matmuls, so the bf16 gradient is a buffer of its own (786 MiB at 8 x 1024
+# tokens) and the float32 expression it is cast from lives only inside the kernel that writes
+# it; the model had inlined the bf16 cast into the pads and stored the float32 value
+# (1,571 MiB: +19.8% over the peak Inductor planned, benchmarks/gpu_offline.py --pad-mm force,
+# torch 2.11; versions.HOOKS["padded_operand_stored"]).
+
+
+def _pad_stores_operand(node: fx.Node) -> bool:
+    """Whether Inductor stores ``node``'s operand before lowering it (Note [A padded matmul
+    operand is stored])."""
+    if node.op != "call_function" or op_name(node) != "aten.constant_pad_nd.default":
+        return False
+    from torch._inductor import config
+
+    if not hasattr(config, "inplace_padding"):
+        drift("padded_operand_stored", "torch._inductor.config.inplace_padding")
+        return False
+    aten = torch.ops.aten
+    x, pad = node.args[0], node.args[1] if len(node.args) > 1 else ()
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    return (bool(config.inplace_padding) and len(node.users) == 1
+            and next(iter(node.users)).target in (aten.mm.default, aten.addmm.default)
+            and len(pad) == 4 and isinstance(val, torch.Tensor) and val.dim() == 2)
 
 
 # Note [Matmuls fused into the add that reads them]

@@ -146,20 +146,34 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
                 if any(full & reads[w] for w in rows):
                     mixed.add(v)
     groups: list[list[int]] = []
-    blocks: set[str] = set()  # the blocks of the current group
+    blocks: set[str] = set()  # the blocks of the current run of non-extern kernels
+    run: list[int] = []  # the current run's kernels: indices into ``groups``
+    space: dict[int, tuple[int, int]] = {}  # per kernel of the run: its iteration space (Note [One iteration space])
+    where: dict[int, int] = {}  # stored node -> its kernel
     for v in g.order:
         if v not in lowered.stored:
             continue
         b = g.facts[v].block if rules.stage_local else None
         if groups and g.is_extern(v) and _output_of(v, groups[-1], reads, g):
             groups[-1].append(v)  # one output of a multi-output extern kernel: allocated by it
+            where[v] = len(groups) - 1
             continue
-        if (rules.kernel_groups and groups and v not in mixed and not g.is_extern(v)
-                and not g.is_extern(groups[-1][-1]) and (b is None or not blocks or b in blocks)):
-            groups[-1].append(v)
+        same_run = (rules.kernel_groups and groups and v not in mixed and not g.is_extern(v)
+                    and not g.is_extern(groups[-1][-1]) and (b is None or not blocks or b in blocks))
+        k = None
+        if same_run:
+            k = _kernel_for(v, run, space, where, reads, g) if rules.one_iteration_space else run[-1]
         else:
+            run, blocks = [], set()  # an extern kernel, a mix-order kernel or another block starts a run
+        if k is None:
             groups.append([v])
-            blocks = set()
+            k = len(groups) - 1
+            run.append(k)
+            space[k] = _iteration_space(v, g)
+        else:
+            groups[k].append(v)
+            space[k] = _joined(space[k], _iteration_space(v, g))
+        where[v] = k
         if b is not None:
             blocks.add(b)
     if rules.horizontal_fusion:
@@ -261,6 +275,71 @@ def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g:
 # loads it in the second (the pointwise workload's backward kernels, rows of 4096, store tanh and
 # sigmoid this way; ``benchmarks/mem_trace.py`` shows the buffers). The kernel may then write a
 # later value of the same size into that buffer in place (``_inplace``).
+
+
+# Note [One iteration space]
+# A Triton kernel loops over one iteration space: ``numel`` elements, each reducing ``rnumel``
+# (1 for pointwise work). Inductor fuses two pointwise nodes only where their numels are equal,
+# two reductions only where both numbers are (or as a mix-order reduction, modelled apart), and a
+# pointwise node into a reduction's kernel only where it loops over the reduction's input
+# (``numel x rnumel``) or over its output (``numel``; ``codegen/simd.py: can_fuse``). The stored
+# work between two extern kernels is therefore one kernel per iteration space, not one kernel:
+# HF GPT-2's padded LM head computes the logits' gradient (8192 x 50257) in one kernel, which
+# frees the saved logits, and pads it to 8192 x 50264 in the next (H100, torch 2.11: the model
+# had both in one kernel with the logits alive, 785 MiB over the peak Inductor planned).
+# ``_kernel_for`` puts a node into the latest kernel of its run whose space it fits and that
+# runs after every kernel of the run it reads from, or into a new kernel where none does; the
+# C++ backend loops over any number of spaces in one kernel (``one_kernel_between_externs``).
+# With the bf16 gradient stored as Inductor stores it (Note [A padded matmul operand is stored]),
+# HF GPT-2 with every misaligned matmul padded is predicted at 3,952 MiB against 3,954 read (it
+# was +19.8%; benchmarks/gpu_offline.py --pad-mm force, torch 2.11; versions.HOOKS["iteration_space"]).
+
+
+def _iteration_space(v: int, g: FusionGraph) -> tuple[int, int]:
+    """The (numel, rnumel) a Triton kernel computing ``v`` loops over (Note [One iteration
+    space]); (0, 0) where a size is unknown: fits every kernel. A reduction's input size is its
+    largest operand's; a view operand counts its base's elements, which a slice exceeds, so
+    views are left out."""
+    out = g.elements(v)
+    if g.kind(v) not in (Kind.REDUCTION, Kind.OUTER_REDUCTION):
+        return (out, 1) if out else (0, 0)
+    full = max((g.numel_of(u) for u in g.inputs[v] if g.kind(u) is not Kind.VIEW), default=0)
+    if not out or not full or full % out:
+        return (0, 0)
+    return (out, full // out)
+
+
+def _fits(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether work of iteration spaces ``a`` and ``b`` can share one Triton kernel."""
+    if not a[0] or not b[0]:
+        return True
+    if a[1] == 1 and b[1] == 1:
+        return a[0] == b[0]
+    if a[1] != 1 and b[1] != 1:
+        return a == b
+    (n, _), (m, r) = (a, b) if a[1] == 1 else (b, a)
+    return n in (m, m * r)
+
+
+def _joined(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """The iteration space of a kernel of space ``a`` that takes work of space ``b``."""
+    if not a[0]:
+        return b
+    return b if b[0] and b[1] != 1 else a
+
+
+def _kernel_for(v: int, run: list[int], space: dict[int, tuple[int, int]], where: dict[int, int],
+                reads: dict[int, frozenset[int]], g: FusionGraph) -> int | None:
+    """The kernel of the current run that ``v`` joins, or None for a new one (Note [One
+    iteration space])."""
+    after = max((where[u] for u in reads[v] if u in where), default=-1)
+    mine = _iteration_space(v, g)
+    for k in reversed(run):
+        if k < after:
+            break
+        if _fits(space[k], mine):
+            return k
+    return None
 
 
 def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], g: FusionGraph) -> bool:

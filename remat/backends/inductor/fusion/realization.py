@@ -23,8 +23,10 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
     ``exp``/``log``/... (Note [Broadcast realization]);
   - its expression has accumulated more than ``acc_reads_threshold`` reads or
     ``opcount_threshold`` ops (``has_exceeded_max_reads``), or more than 100 ops;
+  - a 2-D pad that a matmul reads reads it (``NodeLowering.stores_operand``);
 
-* views alias the value they view (stored or inlined alike).
+* views alias the value they view (stored or inlined alike); a view's readers count as its
+  value's (Note [Readers of a view]).
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ __all__ = ["Lowered", "lower"]
 # buffer it reads with what reading it brings along (``load_ops``; Note [Inlined op counts]);
 # "reads" are the distinct buffers it loads.
 #
+
+
+# Note [Readers of a view]
+# A view of an inlined value is lowered as an index mapping over the same storage box, and what
+# Inductor does for a node with several readers (``graph.py: run_node``: ``realize_hint`` where one
+# reads it through a matmul, ``mark_reuse``) it does to that box when the view is the node with
+# the readers (``BaseView.mark_reuse`` and ``realize_hint`` pass through to the viewed box). So a
+# value whose one reader is a view with two readers is stored as one with two readers would be
+# (read in the 2.11, 2.13 and 2.14.1 sources; versions.HOOKS["realization"]).
 
 
 @dataclass(frozen=True)
@@ -103,8 +114,13 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
             b = base.get(args[0], args[0]) if args else v
             base[v] = b
             reads[v] = reads.get(b, frozenset())
+            if b in expr and len(users[v]) > 1:  # Note [Readers of a view]
+                _realize_pointwise(b, expr[b], users[v], False, g, rules, store)
             continue
         if k is Kind.POINTWISE:
+            if g.facts[v].stores_operand:  # Note [A padded matmul operand is stored]
+                for u in args:
+                    store(u)
             for u in args:
                 b = base.get(u, u)
                 if b in expr and _broadcasts(v, b, g) and _realize_broadcast(expr[b], rules):

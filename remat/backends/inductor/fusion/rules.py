@@ -67,6 +67,9 @@ class FusionRules:
     every buffer before it runs and frees after it (the C++ backend's kernel groups; with
     ``stage_local``, one per block, since remat flushes the group between blocks); in-place
     writes are still decided per fused kernel."""
+    one_iteration_space: bool = False
+    """A fused kernel loops over one iteration space: work between two extern kernels is split
+    where its sizes differ (Triton; Note [One iteration space])."""
     mix_order_splits: bool = False
     """A reduction over leading dimensions sharing a full read with a row reduction starts a new
     group (GPU: Inductor's mix-order reduction kernels)."""
@@ -115,7 +118,7 @@ CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_h
                   kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
 GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True,
                   persistent_rows=1024, inplace_in_kernel=True, sm_count=132, registers=True,
-                  horizontal_fusion=True)
+                  horizontal_fusion=True, one_iteration_space=True)
 
 
 def rules_for(device: str) -> FusionRules:
