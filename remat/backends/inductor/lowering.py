@@ -300,7 +300,7 @@ def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
 # tokens) and the float32 expression it is cast from lives only inside the kernel that writes
 # it; the model had inlined the bf16 cast into the pads and stored the float32 value
 # (1,571 MiB: +19.8% over the peak Inductor planned, benchmarks/gpu_offline.py --pad-mm force,
-# torch 2.11; versions.HOOKS["padded_operand_stored"]).
+# versions.HOOKS["padded_operand_stored"]).
 
 
 def _pad_stores_operand(node: fx.Node) -> bool:

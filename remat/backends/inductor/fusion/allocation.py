@@ -285,14 +285,14 @@ def _looped_passes(groups: list[list[int]], reads: dict[int, frozenset[int]], g:
 # (``numel x rnumel``) or over its output (``numel``; ``codegen/simd.py: can_fuse``). The stored
 # work between two extern kernels is therefore one kernel per iteration space, not one kernel:
 # HF GPT-2's padded LM head computes the logits' gradient (8192 x 50257) in one kernel, which
-# frees the saved logits, and pads it to 8192 x 50264 in the next (H100, torch 2.11: the model
+# frees the saved logits, and pads it to 8192 x 50264 in the next (H100: the model
 # had both in one kernel with the logits alive, 785 MiB over the peak Inductor planned).
 # ``_kernel_for`` puts a node into the latest kernel of its run whose space it fits and that
 # runs after every kernel of the run it reads from, or into a new kernel where none does; the
 # C++ backend loops over any number of spaces in one kernel (``one_kernel_between_externs``).
 # With the bf16 gradient stored as Inductor stores it (Note [A padded matmul operand is stored]),
 # HF GPT-2 with every misaligned matmul padded is predicted at 3,952 MiB against 3,954 read (it
-# was +19.8%; benchmarks/gpu_offline.py --pad-mm force, torch 2.11; versions.HOOKS["iteration_space"]).
+# was +19.8%; benchmarks/gpu_offline.py --pad-mm force; versions.HOOKS["iteration_space"]).
 
 
 def _iteration_space(v: int, g: FusionGraph) -> tuple[int, int]:

@@ -23,7 +23,8 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
     ``exp``/``log``/... (Note [Broadcast realization]);
   - its expression has accumulated more than ``acc_reads_threshold`` reads or
     ``opcount_threshold`` ops (``has_exceeded_max_reads``), or more than 100 ops;
-  - a 2-D pad that a matmul reads reads it (``NodeLowering.stores_operand``);
+  - a 2-D pad that a matmul reads reads it (``NodeLowering.stores_operand``;
+    ``versions.HOOKS["padded_operand_stored"]``);
 
 * views alias the value they view (stored or inlined alike); a view's readers count as its
   value's (Note [Readers of a view]).
@@ -58,7 +59,7 @@ __all__ = ["Lowered", "lower"]
 # reads it through a matmul, ``mark_reuse``) it does to that box when the view is the node with
 # the readers (``BaseView.mark_reuse`` and ``realize_hint`` pass through to the viewed box). So a
 # value whose one reader is a view with two readers is stored as one with two readers would be
-# (read in the 2.11, 2.13 and 2.14.1 sources; versions.HOOKS["realization"]).
+# (read in the sources of the versions versions.HOOKS["realization"] names).
 
 
 @dataclass(frozen=True)

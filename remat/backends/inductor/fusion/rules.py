@@ -69,7 +69,7 @@ class FusionRules:
     writes are still decided per fused kernel."""
     one_iteration_space: bool = False
     """A fused kernel loops over one iteration space: work between two extern kernels is split
-    where its sizes differ (Triton; Note [One iteration space])."""
+    where its sizes differ (Triton; Note [One iteration space]; ``versions.HOOKS["iteration_space"]``)."""
     mix_order_splits: bool = False
     """A reduction over leading dimensions sharing a full read with a row reduction starts a new
     group (GPU: Inductor's mix-order reduction kernels)."""
