@@ -486,6 +486,14 @@ HOOKS: dict[str, Hook] = {
         OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones where work of several sizes meets.",
         "Read in the 2.11, 2.13 and 2.14.1 sources; seen in 2.11's CUDA code generated on a CPU (gpu_offline.py) "
         "and on an H100 (HF GPT-2's padded LM head)."),
+    "random_at_reader": Hook(
+        "GPU: a random value, which Inductor stores, is fused into its first reader's kernel and kept there as a "
+        "kernel-local buffer (Note [Random values at their readers])",
+        ("torch._inductor.lowering.inductor_random", "torch._inductor.scheduler.Scheduler.fuse_nodes"),
+        (f"{_INDUCTOR}.fusion.allocation", f"{_INDUCTOR}.fusion.rules"), ("2.11", "2.13", "2.14"),
+        OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones in graphs with dropout.",
+        "inductor_random realizes its result in the 2.11, 2.13 and 2.14.1 sources; the fusion seen in 2.11's CUDA "
+        "code generated on a CPU (gpu_offline.py, HF BERT-base with dropout)."),
     "mix_order_reduction": Hook(
         "GPU: a batch reduction fused with a sibling row reduction, and its workspace (Note [Mix-order "
         "workspace])",

@@ -273,6 +273,26 @@ def test_a_pad_a_matmul_reads_stores_its_operand():
     assert "g" in stored(s)
 
 
+def test_a_random_value_is_computed_in_its_readers_kernel():
+    # r (a dropout's random values) comes first in the graph, m (its mask) after the matmul b:
+    # Inductor fuses r into m's kernel, where it is a local buffer (Note [Random values at their
+    # readers]); the model had r allocated at the start, alive through b, then a, b, r at once.
+    spec = [("x", "input", (), 0), ("r", "random", ("x",), 400), ("a", "extern", ("x",), 400),
+            ("b", "extern", ("a",), 400), ("m", "pointwise", ("r", "b"), 400)]
+    s = graph(spec, ["m"])
+    ks, _ = kernels(s)
+    assert [[s.names[v] for v in k.nodes] for k in ks] == [["a"], ["b"], ["m"]]
+    assert simulate(s, set()).peak_bytes == 800  # a and b; then b and m
+    first = dataclasses.replace(fusion.GPU, random_at_reader=False)
+    assert simulate(with_rules(s, first), set()).peak_bytes == 1200
+    saved = graph(spec, ["m", "r"])  # a random value the backward reads is stored where its reader runs
+    ks, alias = kernels(saved)
+    assert [[saved.names[v] for v in k.nodes] for k in ks] == [["a"], ["b"], ["r", "m"]]
+    assert {saved.names[v]: saved.names[u] for v, u in alias.items()} == {"r": "a", "m": "b"}  # freed a, b
+    assert simulate(saved, set()).peak_bytes == 800
+    assert simulate(with_rules(saved, first), set()).peak_bytes == 1200
+
+
 def test_what_a_local_buffer_reads_lives_until_its_kernel_runs():
     # p is a local buffer of the kernel computing o: that kernel reads a through p, so a stays
     # alive while it runs. (HF Llama's LM loss: the saved float32 softmax is read only through

@@ -70,6 +70,9 @@ class FusionRules:
     one_iteration_space: bool = False
     """A fused kernel loops over one iteration space: work between two extern kernels is split
     where its sizes differ (Triton; Note [One iteration space]; ``versions.HOOKS["iteration_space"]``)."""
+    random_at_reader: bool = False
+    """A random value is computed in its first reader's kernel (Note [Random values at their
+    readers]; ``versions.HOOKS["random_at_reader"]``)."""
     mix_order_splits: bool = False
     """A reduction over leading dimensions sharing a full read with a row reduction starts a new
     group (GPU: Inductor's mix-order reduction kernels)."""
@@ -118,7 +121,7 @@ CPU = FusionRules("cpu", acc_reads_threshold=12, opcount_threshold=50, realize_h
                   kernel_groups=True, local_buffers=True, stage_local=True, one_kernel_between_externs=True)
 GPU = FusionRules("cuda", kernel_groups=True, local_buffers=True, mix_order_splits=True, stage_local=True,
                   persistent_rows=1024, inplace_in_kernel=True, sm_count=132, registers=True,
-                  horizontal_fusion=True, one_iteration_space=True)
+                  horizontal_fusion=True, one_iteration_space=True, random_at_reader=True)
 
 
 def rules_for(device: str) -> FusionRules:
