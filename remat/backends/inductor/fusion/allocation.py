@@ -184,14 +184,14 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
 
 # Note [Random values at their readers]
 # Inductor stores a random value (``lowering.py: inductor_random`` realizes it), and its scheduler
-# fuses it into the kernel of its reader (a dropout mask's compare), where it is a kernel-local
-# buffer, never allocated. The graph has the random ops where the partition put them, at the
-# forward's start: the model grouped each into a kernel of its own there and allocated every
-# layer's random values at once (HF BERT-base at 0.5 with attention dropout, Inductor's CUDA
-# lowering without a GPU: 12 x 384 MiB at the forward's start, simulated 6,734 MiB against 6,311
-# read). ``_randoms_at_readers`` moves each random value to just before its first stored reader, so
-# it joins that reader's kernel and, read only there, is a local buffer (``_local_buffers``;
-# versions.HOOKS["random_at_reader"]). It was +6.7%, now +4.8% (the rest not found yet).
+# fuses it into the kernel of its reader (a dropout mask's compare), where, read nowhere else, it
+# is a kernel-local buffer, never allocated. The model counted random values as stored buffers of
+# their own, allocated wherever the graph had them. Now ``_randoms_at_readers`` moves each to just
+# before its first stored reader, so it joins that reader's kernel, and ``_local_buffers`` treats
+# it as a stored pointwise value: one read only in its kernel is not allocated. HF BERT-base at 0.5
+# with attention dropout (Inductor's CUDA lowering without a GPU, benchmarks/gpu_offline.py):
+# simulated 6,734 MiB against 6,311 read, now 6,616 (+6.7% to +4.8%; the two parts were not
+# measured apart, and the rest is not found yet; versions.HOOKS["random_at_reader"]).
 
 
 def _randoms_at_readers(g: FusionGraph, lowered: Lowered, reads: dict[int, frozenset[int]]) -> list[int]:
