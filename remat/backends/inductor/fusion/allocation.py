@@ -161,19 +161,20 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
             continue
         same_run = (rules.kernel_groups and groups and v not in mixed and not g.is_extern(v)
                     and not g.is_extern(groups[-1][-1]) and (b is None or not blocks or b in blocks))
+        mine = _iteration_space(v, g) if rules.one_iteration_space else (0, 0)
         k = None
         if same_run:
-            k = _kernel_for(v, run, space, where, reads, g) if rules.one_iteration_space else run[-1]
+            k = _kernel_for(mine, reads[v], run, space, where) if rules.one_iteration_space else run[-1]
         else:
             run, blocks = [], set()  # an extern kernel, a mix-order kernel or another block starts a run
         if k is None:
             groups.append([v])
             k = len(groups) - 1
             run.append(k)
-            space[k] = _iteration_space(v, g)
+            space[k] = mine
         else:
             groups[k].append(v)
-            space[k] = _joined(space[k], _iteration_space(v, g))
+            space[k] = _joined(space[k], mine)
         where[v] = k
         if b is not None:
             blocks.add(b)
@@ -362,12 +363,11 @@ def _joined(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     return b if b[0] and b[1] != 1 else a
 
 
-def _kernel_for(v: int, run: list[int], space: dict[int, tuple[int, int]], where: dict[int, int],
-                reads: dict[int, frozenset[int]], g: FusionGraph) -> int | None:
-    """The kernel of the current run that ``v`` joins, or None for a new one (Note [One
-    iteration space])."""
-    after = max((where[u] for u in reads[v] if u in where), default=-1)
-    mine = _iteration_space(v, g)
+def _kernel_for(mine: tuple[int, int], reads: frozenset[int], run: list[int], space: dict[int, tuple[int, int]],
+                where: dict[int, int]) -> int | None:
+    """The kernel of the current run that a node of iteration space ``mine`` reading ``reads``
+    joins, or None for a new one (Note [One iteration space])."""
+    after = max((where[u] for u in reads if u in where), default=-1)
     for k in reversed(run):
         if k < after:
             break
@@ -385,7 +385,7 @@ def _output_of(v: int, group: list[int], reads: dict[int, frozenset[int]], g: Fu
 
 def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], g: FusionGraph,
                    keep: frozenset[int], passes: dict[int, int], registers: bool) -> set[int]:
-    """Stored pointwise values that every reader reads inside the same group, row by row
+    """Stored pointwise and random values that every reader reads inside the same group, row by row
     (pointwise or a reduction over trailing dimensions): C++ outer-loop fusion keeps them in a
     per-row local buffer (``cpp.py: try_outer_loop_fusion_with_local_buf``; ``versions.HOOKS["kernel_fusion"]``), Triton
     in registers, unless a later pass of a looped reduction reads them (``passes``, Note [Looped
