@@ -316,11 +316,14 @@ HOOKS: dict[str, Hook] = {
         "Inductor fuses two kernels only within a block (Note [Stage-local fusion])",
         ("torch._inductor.virtualized", "torch._inductor.virtualized.V",
          "torch._inductor.virtualized.V.set_choices_handler", "torch._inductor.virtualized.V.choices",
-         "InductorChoices.can_fuse", "ir.Buffer.origin_node"), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
+         "InductorChoices.can_fuse", "ir.Buffer.origin_node", "BaseSchedulerNode.min_order",
+         "BaseSchedulerNode.max_order"), (f"{_INDUCTOR}.hooks",), _BOTH, OnDrift.WARN,
         "Gradients are unaffected, but kernels may fuse across blocks and hold several blocks' buffers at "
         "once, above the predicted peak.",
         "InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score), a documented extension point "
-        "for fusion heuristics."),
+        "for fusion heuristics. BaseSchedulerNode.min_order / max_order: each node's place in the scheduler's "
+        "order before fusion (a fused node spans its parts'), and fused nodes sorted by min_order after each "
+        "fusion round (Note [Fusions that jump blocks]), read in the source of 2.11, 2.13 and 2.14."),
     "cpp_flush_between_stages": Hook(
         "the C++ backend emits one function per block between two extern kernels",
         ("torch._inductor.codegen.cpp.CppScheduling", "torch._inductor.codegen.cpp.CppScheduling.codegen_node",

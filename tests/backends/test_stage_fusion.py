@@ -171,3 +171,48 @@ def test_remats_graphs_compile_in_remats_order_and_stock_ones_in_inductors(monke
     hooks.compile_fx(gm, [torch.randn(2)], stock=stock)
     assert seen == [stock]
     assert ic.reorder_for_peak_memory
+
+
+class _FakeIR:
+    def __init__(self, block):
+        self.origin_node = type("FxNode", (), {"meta": {hooks.BLOCK_KEY: block} if block else {}})()
+
+    def get_origins(self):
+        return [self.origin_node]
+
+
+class _FakeNode:
+    """A scheduler node of one block (or none) at one place in the order before fusion, or a fused one."""
+
+    def __init__(self, order, block=None, parts=()):
+        self.parts = list(parts) or [self]
+        self.node = _FakeIR(block) if not parts else None
+        self.min_order = min(p.min_order for p in parts) if parts else order
+        self.max_order = max(p.max_order for p in parts) if parts else order
+
+    def get_nodes(self):
+        return self.parts
+
+
+def test_a_fusion_may_not_move_a_kernel_across_another_blocks_kernels():
+    # Note [Fusions that jump blocks]: block 0 computes a value at the backward's start (order 0,
+    # where block 2 reads it first); blocks 2 and 1 run; block 0's softmax (order 6) reads it.
+    blocks = ["b0", "b2", "b2", "b1", None, "b1", "b0", "b0", None, "b9"]
+    nodes = [_FakeNode(k, b) for k, b in enumerate(blocks)]
+    scheduler = type("Scheduler", (), {"nodes": nodes})()
+    orders: dict = {}
+
+    def jumps(a, b):
+        return hooks._across_other_blocks(scheduler, a, b, {}, orders)
+
+    assert jumps(nodes[0], nodes[6])  # blocks 2 and 1 lie between them
+    assert jumps(nodes[6], nodes[0])
+    assert not jumps(nodes[6], nodes[7])  # neighbours
+    assert not jumps(nodes[3], nodes[5])  # only a kernel of no block lies between them
+    assert not jumps(nodes[2], nodes[3])  # a boundary between two blocks
+    assert not jumps(nodes[1], nodes[3])  # block 2's second kernel belongs to a part's block
+    assert jumps(nodes[4], nodes[7])  # a kernel of no block moved across block 1's and 0's: still a jump
+    assert not jumps(nodes[7], nodes[9])  # a kernel of no block between the last two blocks
+    fused = _FakeNode(None, parts=[nodes[6], nodes[7]])
+    assert jumps(fused, nodes[0])  # a fused kernel spans its parts
+    assert not jumps(fused, nodes[8])

@@ -7,6 +7,7 @@ instead of silently doing nothing.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from torch._inductor import config as inductor_config  # versions.HOOKS["inducto
 
 from ... import compat
 from ...analysis.halves import is_unsent
+from ...analysis.provenance import block_of
 from ...versions import drift
 from ..base import WrapBackward
 from .facts import Kind
@@ -270,6 +272,11 @@ def inductor_partitioner(partition_fn: Callable[..., Any]) -> Iterator[None]:
             cfx.min_cut_rematerialization_partition = original
 
 
+BLOCK_KEY = "remat_block"
+"""fx node meta key: the block every op belongs to (``graph.block_of``), tagged or not for
+stage-local fusion; ``stage_local_fusion`` keeps fusions from moving a kernel across another
+block's kernels (Note [Fusions that jump blocks])."""
+
 STAGE_KEY = "remat_stage"
 """fx node meta key: the block (``layers.3``) a forward or backward op belongs to; see
 ``stage_local_fusion``."""
@@ -320,6 +327,7 @@ def stage_local_fusion() -> Iterator[None]:
         return
     inner = V.choices
     cache: dict[int, tuple[Any, frozenset]] = {}
+    orders: dict[int, tuple[Any, _BlockOrders]] = {}
     base_can_fuse = inner.can_fuse
 
     class StageLocal(type(inner)):  # type: ignore[misc]
@@ -329,12 +337,96 @@ def stage_local_fusion() -> Iterator[None]:
             # no more work.
             if len(_stages(node1, cache) | _stages(node2, cache)) > 1:
                 return False
+            if _across_other_blocks(scheduler, node1, node2, cache, orders):
+                return False
             return base_can_fuse(scheduler, node1, node2, shared_data_score)
 
     handler = StageLocal.__new__(StageLocal)
     handler.__dict__.update(getattr(inner, "__dict__", {}))
     with V.set_choices_handler(handler), _cpp_flush_between_stages(cache):
         yield
+
+
+def _block(sub: Any) -> str | None:
+    """The block of one unfused scheduler node: that of the fx node whose lowering made its
+    buffer, else the one block of the ops folded into it (None where they span several)."""
+    ir = getattr(sub, "node", None)
+    if ir is None:
+        return None
+    owner = getattr(ir, "origin_node", None)
+    if owner is not None and owner.meta.get(BLOCK_KEY) is not None:
+        return owner.meta[BLOCK_KEY]
+    found = {o.meta.get(BLOCK_KEY) for o in ir.get_origins()} - {None}
+    return next(iter(found)) if len(found) == 1 else None
+
+
+class _BlockOrders:
+    """Where each block's kernels lie in a scheduler's order before fusion (``min_order`` of each
+    unfused node): the sorted orders of all kernels of one block and, per block, of its own."""
+
+    def __init__(self, scheduler: Any):
+        self.of: dict[int, str | None] = {}
+        self.any: list[int] = []
+        self.only: dict[str, list[int]] = {}
+        for node in getattr(scheduler, "nodes", None) or ():
+            for sub in node.get_nodes():
+                order, block = getattr(sub, "min_order", None), _block(sub)
+                self.of[id(sub)] = block
+                if order is None or block is None:
+                    continue
+                self.any.append(order)
+                self.only.setdefault(block, []).append(order)
+        self.any.sort()
+        for orders in self.only.values():
+            orders.sort()
+
+    def blocks(self, node: Any) -> set[str]:
+        found = set()
+        for sub in node.get_nodes():
+            block = self.of[id(sub)] if id(sub) in self.of else _block(sub)
+            if block is not None:
+                found.add(block)
+        return found
+
+    def others_between(self, mine: set[str], lo: int, hi: int) -> bool:
+        """Whether a kernel of a block other than ``mine`` lies strictly between orders ``lo`` and ``hi``."""
+        def count(orders: list[int]) -> int:
+            return bisect.bisect_left(orders, hi) - bisect.bisect_right(orders, lo)
+
+        return count(self.any) > sum(count(self.only.get(b, [])) for b in mine)
+
+
+def _across_other_blocks(scheduler: Any, node1: Any, node2: Any, cache: dict[int, tuple[Any, frozenset]],
+                         orders: dict[int, tuple[Any, _BlockOrders]]) -> bool:
+    """Whether fusing ``node1`` and ``node2`` would move a kernel across another block's kernels
+    (Note [Fusions that jump blocks])."""
+    if not all(hasattr(n, "min_order") and hasattr(n, "max_order") for n in (node1, node2)):
+        drift("stage_local_fusion", "BaseSchedulerNode.min_order / max_order")
+        return False
+    lo, hi = min(node1.min_order, node2.min_order), max(node1.max_order, node2.max_order)
+    if hi - lo <= 1:
+        return False
+    hit = orders.get(id(scheduler))
+    if hit is None or hit[0] is not scheduler:
+        hit = orders[id(scheduler)] = (scheduler, _BlockOrders(scheduler))
+    table = hit[1]
+    return table.others_between(table.blocks(node1) | table.blocks(node2), lo, hi)
+
+
+# Note [Fusions that jump blocks]
+# Inductor places a fused kernel where its earliest part was (the scheduler sorts fused nodes by
+# ``min_order``) and moves everything its later part reads up before it. Two fusions of T5 at
+# ``budget=0.5`` did so (Inductor's CUDA lowering on the oldest verified torch, without a GPU:
+# ``benchmarks/gpu_offline.py --models t5 --budgets 0.5 --diff``): the position bias, one
+# block's value every block reads, recomputed at the start of the backward where the last block
+# first reads it, fused with the first block's recomputed softmax, so that block's recomputed
+# queries, keys, scores and softmax were computed at the start of the backward and held to its
+# end; and the sum of every block's part of the bias's gradient fused with one block's batch
+# reduction, so the later blocks' attention gradients were pulled up before that block's
+# weight gradients, whose inputs stayed alive across four blocks. Blocks run in remat's order
+# only if no fusion moves a kernel across another block's kernels: ``stage_local_fusion`` refuses
+# a fusion whose parts span, in the scheduler's order before fusion, a kernel of a block none of
+# them belongs to (every op's block is tagged, ``BLOCK_KEY``; ``versions.HOOKS["stage_local_fusion"]``).
 
 
 @contextlib.contextmanager
@@ -400,9 +492,13 @@ def tag_stages(*modules: fx.GraphModule) -> None:
     With the tags, ``stage_local_fusion`` lets Inductor fuse only kernels of the same
     block (or with ops outside any block), so blocks run in remat's order. Graphs whose every
     block runs an extern kernel are left untagged (Note [Blocks an extern kernel separates] in
-    ``lowering.py``)."""
+    ``lowering.py``); every op still carries its block under ``BLOCK_KEY``, so that no fusion
+    moves a kernel across another block's kernels (Note [Fusions that jump blocks])."""
     for gm in modules:
         nodes = list(gm.graph.nodes)
         for n, stage in zip(nodes, fusion_blocks(nodes)):
             if stage is not None:
                 n.meta[STAGE_KEY] = stage
+            block = block_of(n) if n.op == "call_function" else None
+            if block is not None:
+                n.meta[BLOCK_KEY] = block
