@@ -47,6 +47,18 @@ BUDGET_RUNS = (H200 + "real-models-h200-vit-budgets.json", H200 + "real-models-h
                H200 + "budgets-measured-lm.json", H200 + "budgets-measured-ckpt.json",
                H200 + "budgets-measured-vision.json")
 BUDGET_DEFAULT = H200 + "real-models-h200-s7.json"  # the default plans' run of the real-model section
+H100 = "results/h100-torch2.11.0/"
+# a later file's row replaces the same model and budget of an earlier one
+SUITE_MATRIX = (H100 + "u-t5-b03.json",) + tuple(H100 + f"suite-h100-{tag}-{model}.json" for tag, models in (
+    ("s12", ("gpt2", "llama", "vit", "resnet50", "convnext", "efficientnet", "mobilenetv3", "swin", "mixtral")),
+    ("s12b", ("bert", "efficientnet", "gpt2", "llama", "mixtral", "mobilenetv3", "resnet50", "swin", "t5", "vit")),
+    ("s12c", ("efficientnet",)),
+    ("s12d", ("bert", "convnext", "gpt2", "llama", "mixtral", "resnet50", "vit")),
+    ("s13a", ("bert", "convnext", "efficientnet", "mobilenetv3", "swin", "t5")),
+    ("s13b", ("efficientnet", "mixtral", "mobilenetv3", "resnet50", "swin", "t5")),
+) for model in models)
+SUITE_ORDER = ("gpt2", "llama", "vit", "resnet50", "bert", "t5", "mixtral", "swin", "convnext", "efficientnet",
+               "mobilenetv3")
 MIB = 1 << 20
 FAKE_GPU = "results/fake-h100-torch2.14.1/"
 GPU_OFFLINE = (FAKE_GPU + "gpu-offline-suite.json", FAKE_GPU + "gpu-offline-gpt2-pad-mm.json")
@@ -342,6 +354,42 @@ def real_model_budgets() -> str:
     return "\n".join(lines)
 
 
+def suite_matrix() -> str:
+    """Issue 27's matrix on the broad suite (``SUITE_MATRIX``): each budget's simulated peak (the
+    prediction before compiling), the peak read from Inductor's memory plan and the measured one;
+    peaks only (the runs shared one GPU, so no time stands)."""
+    rows: dict[tuple[str, str], tuple[dict, str]] = {}
+    for name in SUITE_MATRIX:
+        for model, md in _load(name)["models"].items():
+            for r in md["rows"]:
+                if r["strategy"].startswith("remat") and r.get("status") in ("ok", "infeasible"):
+                    rows[(model, r["strategy"])] = (r, name)
+    budgets = {"remat": "default", "remat b0.75": "0.75", "remat b0.5": "0.5", "remat b0.3": "0.3",
+               "remat @ckpt peak": "compile+ckpt's peak"}
+    lines = _header(["model", "budget", "budget MiB", "plan", "simulated MiB", "read MiB", "measured MiB",
+                     "simulated vs measured", "read vs measured", "measured / budget", "file"])
+    order = {m: i for i, m in enumerate(SUITE_ORDER)}
+    for (model, strategy), (r, name) in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 99),
+                                                                             list(budgets).index(kv[0][1]))):
+        head = f"| {model} | {budgets[strategy]} |"
+        if r["status"] != "ok":
+            why = (r.get("error") or "").split(". Raise")[0].replace("|", "/").removeprefix("remat: ")
+            lines.append(f"{head} | refused: {why} | | | | | | | `{_file(name)}` |")
+            continue
+        cap = [b for b in r.get("budget_mib") or [] if b]
+        sim, read, measured = r.get("simulated_peak_mib"), r.get("read_peak_mib"), r["peak_mib"]
+        plan = " + ".join(o or "no choice" for o in r.get("origin") or []) or "-"
+        lines.append(f"{head} {' / '.join(f'{b:.0f}' for b in cap) or '-'} | {plan} | {_mib(sim)} | {_mib(read)} | "
+                     f"{measured:.0f} | {f'{100 * (sim / measured - 1):+.1f}%' if sim else '-'} | "
+                     f"{f'{100 * (read / measured - 1):+.1f}%' if read else '-'} | "
+                     f"{f'{measured / cap[0]:.3f}' if cap else '-'} | `{_file(name)}` |")
+    dates = sorted({_load(n)["date"][:10] for n in SUITE_MATRIX})
+    lines += ["", f"(NVIDIA H100 80GB HBM3, torch 2.11, bfloat16, {' to '.join((dates[0], dates[-1]))}; "
+                  f"`benchmarks/{H100}`; a budget's MiB are per graph (T5 and GPT-2 run as several graphs, the first "
+                  "graph's share shown first); a refused budget names the smallest plan.)"]
+    return "\n".join(lines)
+
+
 def gpu_offline() -> str:
     """remat's simulated peak against the peak read from Inductor's CUDA memory plan, generated on
     a CPU (``gpu_offline.py``)."""
@@ -373,7 +421,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "real-models": render_real_models.section, "real-models-headline": render_real_models.headline,
     "long-context": render_long_context.section, "real-model-budgets": real_model_budgets,
     "attention-check": render_attention.section, "measured-plans": render_tuning.section,
-    "gpu-offline": gpu_offline,
+    "gpu-offline": gpu_offline, "suite-matrix": suite_matrix,
 }
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
 
