@@ -420,12 +420,13 @@ HOOKS: dict[str, Hook] = {
          "torch._inductor.ir.StorageBox.mark_reuse", "torch._inductor.ir.StorageBox.has_exceeded_max_reads",
          "torch._inductor.ir.StorageBox.should_realize_on_reuse", "torch._inductor.lowering.make_reduction",
          "torch._inductor.config.realize_reads_threshold", "torch._inductor.config.realize_acc_reads_threshold",
-         "torch._inductor.config.realize_opcount_threshold"),
+         "torch._inductor.config.realize_opcount_threshold", "torch._inductor.ir.ComputedBuffer.make_loader"),
         (f"{_INDUCTOR}.fusion.realization", f"{_INDUCTOR}.fusion.rules", f"{_INDUCTOR}.lowering"), _BOTH,
         OnDrift.UNDETECTED, "Predicted peaks drift from the compiled ones.",
         "realize_reads_threshold 4; realize_acc_reads_threshold 8 (realize_cpu_acc_reads_threshold 12); "
         "realize_opcount_threshold 30 (realize_cpu_opcount_threshold 50); the CPU backend's expensive ops "
-        "(lowering.HEAVY_OPS)."),
+        "(lowering.HEAVY_OPS); a stored buffer of no reads is inlined into its readers (ComputedBuffer.make_loader, "
+        "read in the source of 2.11, 2.13 and 2.14: Note [Stored values that load nothing])."),
     "broadcast_realization": Hook(
         "an inlined value a pointwise op broadcasts is marked reused (Note [Broadcast realization])",
         ("torch._inductor.lowering.expand", "torch._inductor.ir.StorageBox.mark_reuse"),

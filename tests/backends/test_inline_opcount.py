@@ -147,6 +147,14 @@ def test_rounding_marks_count_their_casts():
     assert lowering._own_ops(marked) == 1 + 2 and lowering._own_ops(plain) == 1
     assert len(lowering._consts(marked)) == 4 and lowering._consts(plain) == frozenset()
     assert len(lowering._consts(twice)) == 2  # one operand read twice: its rounding once
+    # A clone, a gather or an embedding is lowered as a load, not by make_pointwise: no rounding
+    # (Inductor's inner_fn_opcount of a marked bf16 clone is 1, its load; the model had 5).
+    i = torch.randint(0, 4, (4, 8))
+    with config.patch(emulate_precision_casts=True):
+        loads = _nodes(lambda a, i: (a.clone(), torch.gather(a, 1, i), torch.nn.functional.embedding(i, a)), a, i)
+    for name in ("clone", "gather", "embedding"):
+        assert loads[name].meta.get("low_precision_pointwise_barrier"), name  # the premise: marked
+        assert lowering._own_ops(loads[name]) == 0 and lowering._consts(loads[name]) == frozenset(), name
 
 
 def test_pads_clones_gathers_and_iotas_count_as_inductor_lowers_them():

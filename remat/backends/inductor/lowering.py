@@ -115,8 +115,8 @@ def _own_ops(node: fx.Node) -> int:
         return 0
     val = node.meta.get("val")
     rounded = 2 if _emulated(node) and isinstance(val, torch.Tensor) and val.dtype in _LOW_PRECISION else 0
-    if name in _LOADS:  # the load of its operand alone (a gather's load at the index it computes)
-        return rounded + (name == "prims.iota.default")
+    if name in _LOADS:  # the load of its operand alone (a gather's load at the index it computes), unrounded:
+        return int(name == "prims.iota.default")  # their lowerings are not make_pointwise's (Note [Emulated rounding])
     if name == "aten.constant_pad_nd.default":  # per padded edge: its index, a compare, and the masks joined
         edges = sum(1 for e in node.args[1] if isinstance(e, int) and e > 0) if len(node.args) > 1 else 0
         return max(3 * edges, 1) + rounded
@@ -131,7 +131,7 @@ def _own_ops(node: fx.Node) -> int:
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-_LOADS = frozenset({"aten.clone.default", "aten.gather.default", "prims.iota.default"})
+_LOADS = frozenset({"aten.clone.default", "aten.gather.default", "aten.embedding.default", "prims.iota.default"})
 """Pointwise ops Inductor lowers to one load or index (``iota``: its index expression), no op of
 their own (measured with ``inner_fn_opcount``: a clone 1, a gather its operand's and its index's
 expressions, an iota 1 whatever its start and step)."""
@@ -195,7 +195,7 @@ def _consts(node: fx.Node) -> frozenset[tuple[str, str]]:
     if node.op != "call_function":
         return frozenset()
     rounded = frozenset((f"rounded {a.name}", step) for a in tensor_inputs(node) for step in ("down", "up")
-                        if _emulated(node) and a.meta["val"].dtype in _LOW_PRECISION)
+                        if _emulated(node) and name not in _LOADS and a.meta["val"].dtype in _LOW_PRECISION)
     if name in CAST_OPS:
         return rounded
     fill = _is_fill(name)

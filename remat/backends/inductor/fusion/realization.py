@@ -26,6 +26,8 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
   - a 2-D pad that a matmul reads reads it (``NodeLowering.stores_operand``;
     ``versions.HOOKS["padded_operand_stored"]``);
 
+* a stored value that loads nothing is recomputed by its pointwise readers (Note [Stored values
+  that load nothing]);
 * views alias the value they view (stored or inlined alike); a view's readers count as its
   value's (Note [Readers of a view]).
 """
@@ -51,6 +53,20 @@ __all__ = ["Lowered", "lower"]
 # buffer it reads with what reading it brings along (``load_ops``; Note [Inlined op counts]);
 # "reads" are the distinct buffers it loads.
 #
+
+
+# Note [Stored values that load nothing]
+# A stored pointwise value whose expression loads no buffer (index arithmetic from an iota: T5's
+# relative position buckets, computed from positions alone) is stored, but the kernels that read
+# it recompute it instead of loading it (``ir.py: ComputedBuffer.make_loader`` inlines a buffer of
+# no reads; versions.HOOKS["realization"]). So its readers' expressions carry its ops, and load
+# nothing from it; an extern kernel still reads the buffer. Measured with ``inner_fn_opcount``:
+# T5's embedding gather of its buckets (a saved value) is 27 ops in Inductor, 26 in the model (7
+# before: a load of the buckets). That count decides what T5's backward stores: under 30 ops, the
+# recomputed gather stays inlined where the mask is added to it, and the sum (the position bias,
+# 192 MiB at the benchmark's size) is what is stored for its twelve readers, as Inductor does; the
+# model had stored the gather (6 MiB) and inlined the sum (``benchmarks/gpu_offline.py --models t5
+# --budgets 0.5``, the oldest verified torch: 4,167.9 MiB simulated, now 4,353.9, against 4,376.6 read).
 
 
 # Note [Readers of a view]
@@ -98,9 +114,13 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
     expr: dict[int, _Expr] = {}
     base: dict[int, int] = {}  # view -> the node whose value it views (stored or inlined)
 
+    cheap: dict[int, _Expr] = {}  # stored values that load nothing: pointwise readers inline them
+
     def store(v: int) -> None:
         v = base.get(v, v)
         if v in expr:
+            if not expr[v].reads:  # Note [Stored values that load nothing]
+                cheap[v] = expr[v]
             del expr[v]
             stored.add(v)
             reads[v] = frozenset({v})
@@ -126,8 +146,8 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
                 b = base.get(u, u)
                 if b in expr and _broadcasts(v, b, g) and _realize_broadcast(expr[b], rules):
                     store(b)
-            inlined = [expr[base.get(u, u)] for u in args if base.get(u, u) in expr]
-            rd = frozenset().union(*(reads[u] for u in args)) if args else frozenset()
+            inlined = [expr.get(b) or cheap[b] for b in (base.get(u, u) for u in args) if b in expr or b in cheap]
+            rd = frozenset().union(*(reads[u] for u in args if base.get(u, u) not in cheap))
             members = frozenset({v}).union(*(e.members for e in inlined))
             consts = frozenset().union(*(g.facts[w].consts for w in members), *(g.facts[r].load_consts for r in rd))
             e = _Expr(rd, members, sum(g.facts[w].ops for w in members) + len(consts)
