@@ -203,7 +203,7 @@ def test_a_fusion_may_not_move_a_kernel_across_another_blocks_kernels():
     orders: dict = {}
 
     def jumps(a, b):
-        return hooks._across_other_blocks(scheduler, a, b, {}, orders)
+        return hooks._across_other_blocks(scheduler, a, b, orders)
 
     assert jumps(nodes[0], nodes[6])  # blocks 2 and 1 lie between them
     assert jumps(nodes[6], nodes[0])

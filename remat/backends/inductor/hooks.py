@@ -337,7 +337,7 @@ def stage_local_fusion() -> Iterator[None]:
             # no more work.
             if len(_stages(node1, cache) | _stages(node2, cache)) > 1:
                 return False
-            if _across_other_blocks(scheduler, node1, node2, cache, orders):
+            if _across_other_blocks(scheduler, node1, node2, orders):
                 return False
             return base_can_fuse(scheduler, node1, node2, shared_data_score)
 
@@ -396,8 +396,7 @@ class _BlockOrders:
         return count(self.any) > sum(count(self.only.get(b, [])) for b in mine)
 
 
-def _across_other_blocks(scheduler: Any, node1: Any, node2: Any, cache: dict[int, tuple[Any, frozenset]],
-                         orders: dict[int, tuple[Any, _BlockOrders]]) -> bool:
+def _across_other_blocks(scheduler: Any, node1: Any, node2: Any, orders: dict[int, tuple[Any, _BlockOrders]]) -> bool:
     """Whether fusing ``node1`` and ``node2`` would move a kernel across another block's kernels
     (Note [Fusions that jump blocks])."""
     if not all(hasattr(n, "min_order") and hasattr(n, "max_order") for n in (node1, node2)):
