@@ -286,29 +286,26 @@ def _stages(node: Any, cache: dict[int, tuple[Any, frozenset]]) -> frozenset:
     hit = cache.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
-    out = set()
-    for sub in node.get_nodes():
-        ir = getattr(sub, "node", None)
-        if ir is None:
-            continue
-        # The fx node whose lowering made this buffer: an inlined expression's origins span
-        # every op folded into it, often several blocks (``ir.Buffer.origin_node``). Where that
-        # node has no block, the blocks of the ops folded into it: a softmax whose input adds a
-        # bias several blocks share carries its block through the add (Note [Values several
-        # blocks read] in ``lowering.py``).
-        if not hasattr(ir, "origin_node"):
-            drift("stage_local_fusion", f"{type(ir).__name__}.origin_node")
-        owner = getattr(ir, "origin_node", None)
-        if owner is not None and owner.meta.get(STAGE_KEY) is not None:
-            out.add(owner.meta[STAGE_KEY])
-            continue
-        for origin in ir.get_origins():
-            stage = origin.meta.get(STAGE_KEY)
-            if stage is not None:
-                out.add(stage)
-    result = frozenset(out)
+    result = frozenset().union(*(_tags(sub, STAGE_KEY) for sub in node.get_nodes()))
     cache[id(node)] = (node, result)
     return result
+
+
+def _tags(sub: Any, key: str) -> set:
+    """The values of fx meta ``key`` one unfused scheduler node carries. The fx node whose
+    lowering made its buffer: an inlined expression's origins span every op folded into it, often
+    several blocks (``ir.Buffer.origin_node``). Where that node has no value, those of the ops
+    folded into it: a softmax whose input adds a bias several blocks share carries its block
+    through the add (Note [Values several blocks read] in ``lowering.py``)."""
+    ir = getattr(sub, "node", None)
+    if ir is None:
+        return set()
+    if not hasattr(ir, "origin_node"):
+        drift("stage_local_fusion", f"{type(ir).__name__}.origin_node")
+    owner = getattr(ir, "origin_node", None)
+    if owner is not None and owner.meta.get(key) is not None:
+        return {owner.meta[key]}
+    return {origin.meta[key] for origin in ir.get_origins() if origin.meta.get(key) is not None}
 
 
 @contextlib.contextmanager
@@ -348,15 +345,8 @@ def stage_local_fusion() -> Iterator[None]:
 
 
 def _block(sub: Any) -> str | None:
-    """The block of one unfused scheduler node: that of the fx node whose lowering made its
-    buffer, else the one block of the ops folded into it (None where they span several)."""
-    ir = getattr(sub, "node", None)
-    if ir is None:
-        return None
-    owner = getattr(ir, "origin_node", None)
-    if owner is not None and owner.meta.get(BLOCK_KEY) is not None:
-        return owner.meta[BLOCK_KEY]
-    found = {o.meta.get(BLOCK_KEY) for o in ir.get_origins()} - {None}
+    """The block of one unfused scheduler node (``_tags``), None where its ops span several."""
+    found = _tags(sub, BLOCK_KEY)
     return next(iter(found)) if len(found) == 1 else None
 
 
