@@ -405,6 +405,8 @@ def main() -> None:
     global RECORDER, STOCK, BATCH, PICKS, DROPOUT
     STOCK, PICKS, DROPOUT = a.stock, a.picks, a.dropout
     BATCH = tuple(int(x) for x in a.batch.split("x")) if a.batch else None
+    if DROPOUT:  # captured on a CPU, bernoulli stays whole (a GPU's trace decomposes it into rand and a compare);
+        PATCHES["fallback_random"] = True  # Inductor lowers it for CUDA only as a fallback kernel
     if a.diff:
         RECORDER = peak_diff.Recorder()
         RECORDER.install()

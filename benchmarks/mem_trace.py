@@ -35,9 +35,11 @@ from zoo import workloads  # noqa: E402
 
 def _frame(frames: list[dict]) -> tuple[str, int, str]:
     """The innermost frame in generated code (torchinductor) or, failing that, outside torch."""
+    inner = f" (innermost: {os.path.basename(frames[0]['filename'])}:{frames[0]['line']} {frames[0]['name']})" \
+        if frames else ""
     for f in frames:
         if "torchinductor" in f["filename"] or "/tmp/" in f["filename"]:
-            return f["filename"], f["line"], f["name"]
+            return f["filename"], f["line"], f["name"] + (inner if f is not frames[0] else "")
     for f in frames:
         if "/torch/" not in f["filename"]:
             return f["filename"], f["line"], f["name"]
@@ -88,6 +90,17 @@ def main(argv: list[str] | None = None) -> None:
             out.backward(torch.randn_like(out))
         name = a.workload
     step()
+    n = 0  # measured plans (remat.tuning) run their candidates on the first steps: record after them
+    while n < 60 and any(not p.chosen_by and any(m.startswith("measuring ") for m in p.notes)
+                         for p in remat.compiled_plans(fn)):
+        for p in fn.parameters():
+            p.grad = None
+        step()
+        n += 1
+    print(f"{n} step(s) until every graph chose its plan")
+    for p in fn.parameters():
+        p.grad = None
+    step()
     for p in fn.parameters():
         p.grad = None
     torch.cuda.synchronize()
@@ -103,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
              f"simulated {sum(p.simulated_peak_bytes for p in plans) / 2**20:.1f} MiB, "
              f"read {sum(p.compiled_peak_bytes for p in plans) / 2**20:.1f} MiB"]
     files = set()
-    for size, (fname, line, func) in sorted(blocks, key=lambda b: -b[0]):
+    for size, (fname, line, func) in sorted(blocks, key=lambda b: -b[0])[:80]:  # the largest
         files.add(fname)
         src = linecache.getline(fname, line).strip()
         lines.append(f"{size / 2**20:10.2f} MiB  {os.path.basename(fname)}:{line} {func}: {src[:140]}")

@@ -56,6 +56,8 @@ SUITE_MATRIX = (H100 + "u-t5-b03.json",) + tuple(H100 + f"suite-h100-{tag}-{mode
     ("s12d", ("bert", "convnext", "gpt2", "llama", "mixtral", "resnet50", "vit")),
     ("s13a", ("bert", "convnext", "efficientnet", "mobilenetv3", "swin", "t5")),
     ("s13b", ("efficientnet", "mixtral", "mobilenetv3", "resnet50", "swin", "t5")),
+    ("s14a", ("bert", "gpt2", "llama", "swin", "t5", "vit")),
+    ("s14b", ("convnext", "mixtral", "resnet50")),
 ) for model in models)
 SUITE_ORDER = ("gpt2", "llama", "vit", "resnet50", "bert", "t5", "mixtral", "swin", "convnext", "efficientnet",
                "mobilenetv3")
