@@ -23,22 +23,20 @@ Under ``torch.distributed`` with several ranks nothing is measured: each rank wo
 its own step and might plan again alone, and the ranks' graphs must agree (Note [Ranks agree on
 plans]); the plan read from the compiled graphs decides there, as off CUDA.
 
-The allocator keeps one peak counter per device, which only ``torch.cuda.reset_peak_memory_stats``
-lowers. Each window opens by folding the current peak into every window still open and resetting
-the counter (``PeakWindows``), so windows nest (a later graph's inside an earlier one's) without
-losing a peak. After a measured step ``torch.cuda.max_memory_allocated()`` counts from the last
-window's start, not from the process's: only the steps that measure a budgeted graph reset it.
+The windows nest (a later graph's inside an earlier one's) without losing a peak
+(``remat.peak_windows``); only the steps that measure a budgeted graph, and the compiles that
+measure a library kernel's scratch, reset the allocator's peak counter.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .. import compat
+from ..peak_windows import Allocator, CudaAllocator, Meter, PeakWindows, meter_for
 from .allocator import warn_retries
 from .measure import _compiled_node
 
@@ -48,100 +46,6 @@ __all__ = ["MEASURED_SLACK", "Meter", "Allocator", "CudaAllocator", "PeakWindows
 MEASURED_SLACK = 0.02
 """How far over its budget a graph's measured peak may be and still keep it (Note [Measured
 budget peak]): the measurement's own noise across steps."""
-
-
-@dataclass
-class _Window:
-    base: int
-    peak: int = 0
-    retries: int = 0
-    """The allocator's retry count at the window's start, then (closed) the retries during it."""
-
-
-class Meter(Protocol):
-    """Opens a measuring window and closes it, returning the peak bytes above its start."""
-
-    def open(self) -> Any: ...
-
-    def close(self, window: Any) -> int: ...
-
-    def retries(self, window: Any) -> int:
-        """After ``close``: the allocations the allocator retried during the window (Note
-        [Allocator retries at the limit] in ``remat.capture.allocator``)."""
-        ...
-
-
-class Allocator(Protocol):
-    """The readings of a device allocator the windows use (``CudaAllocator``)."""
-
-    def peak(self) -> int: ...
-
-    def reset_peak(self) -> None: ...
-
-    def allocated(self) -> int: ...
-
-    def retries(self) -> int:
-        """Allocations retried after freeing the cache, since the process started."""
-        ...
-
-
-@dataclass(frozen=True)
-class CudaAllocator:
-    device: torch.device
-
-    def peak(self) -> int:
-        return torch.cuda.max_memory_allocated(self.device)
-
-    def reset_peak(self) -> None:
-        torch.cuda.reset_peak_memory_stats(self.device)
-
-    def allocated(self) -> int:
-        return torch.cuda.memory_allocated(self.device)
-
-    def retries(self) -> int:
-        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
-
-
-@dataclass
-class PeakWindows:
-    """Nested windows over one device allocator's peak (Note [Measured budget peak])."""
-
-    allocator: Allocator
-    windows: list[_Window] = field(default_factory=list)
-
-    def _fold(self) -> None:
-        peak = self.allocator.peak()
-        for w in self.windows:
-            w.peak = max(w.peak, peak)
-
-    def open(self) -> _Window:
-        self._fold()
-        self.allocator.reset_peak()
-        w = _Window(self.allocator.allocated(), retries=self.allocator.retries())
-        w.peak = w.base
-        self.windows.append(w)
-        return w
-
-    def close(self, window: _Window) -> int:
-        self._fold()
-        self.windows.remove(window)
-        window.retries = self.allocator.retries() - window.retries
-        return window.peak - window.base
-
-    def retries(self, window: _Window) -> int:
-        return window.retries
-
-
-_METERS: dict[torch.device, PeakWindows] = {}
-
-
-def meter_for(example_inputs: list[Any]) -> Meter | None:
-    """The meter of the CUDA device the graph's inputs are on; None off CUDA (nothing measured)."""
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-            device = torch.device("cuda", t.device.index if t.device.index is not None else torch.cuda.current_device())
-            return _METERS.setdefault(device, PeakWindows(CudaAllocator(device)))
-    return None
 
 
 def lookalike_inputs(example_inputs: list[Any]) -> Callable[[], list[Any]]:
