@@ -21,8 +21,9 @@ allocates nor frees.
 
 What Inductor does not allocate: the scratch of extern kernels (attention's float32 query
 gradient accumulator, CPU flash attention's per-thread blocks) is added while that kernel runs,
-from ``remat.backends.aten_scratch.scratch_bytes`` on the kernel's fx node; cuBLAS/cuDNN workspaces are
-allocated once per process and are not part of a step's peak; the outputs a fallback returns
+from ``remat.backends.aten_scratch.scratch_bytes`` on the kernel's fx node (cuDNN convolutions' workspace
+measured on the device: Note [Measured library scratch]); cuBLAS's workspace is allocated once per
+process and is not part of a step's peak; the outputs a fallback returns
 and Inductor never reads (attention's random seeds) are not counted.
 """
 
