@@ -58,6 +58,7 @@ SUITE_MATRIX = (H100 + "u-t5-b03.json",) + tuple(H100 + f"suite-h100-{tag}-{mode
     ("s13b", ("efficientnet", "mixtral", "mobilenetv3", "resnet50", "swin", "t5")),
     ("s14a", ("bert", "gpt2", "llama", "swin", "t5", "vit")),
     ("s14b", ("convnext", "mixtral", "resnet50")),
+    ("s14c", ("convnext",)),
 ) for model in models)
 SUITE_ORDER = ("gpt2", "llama", "vit", "resnet50", "bert", "t5", "mixtral", "swin", "convnext", "efficientnet",
                "mobilenetv3")

@@ -357,13 +357,15 @@ HOOKS: dict[str, Hook] = {
              "ScatterFallbackLine", "IndexPutFallbackLine")),
          "torch._inductor.ir", "torch._inductor.ir.MultiOutputLayout", "torch._inductor.utils.get_dtype_size",
          "torch._inductor.virtualized.V.graph", "GraphLowering.get_allocation_storage_size",
-         "GraphLowering.graph_inputs", "GraphLowering.graph_outputs", "SizeVarAllocator.optimization_hint"),
+         "GraphLowering.graph_inputs", "GraphLowering.graph_outputs", "SizeVarAllocator.optimization_hint",
+         "torch._inductor.ir.ExternKernel", "ExternKernel.op_overload", "IRNode.origins"),
         (f"{_INDUCTOR}.wrapper_reading", f"{_INDUCTOR}.backend"), _BOTH, OnDrift.WARN,
         "The compiled peak is not read (or may be off): the plan keeps the simulator's prediction, and a "
         "budget is not re-planned on it.",
         "The line classes and their fields (node, reused_as, delete_old, is_reused, result_name, arg_name) "
         "have the same names and meaning on both; a line of a kind the reader does not know is named in "
-        "GraphTrace.unknown."),
+        "GraphTrace.unknown. An extern kernel's fx node is its origin_node, else the one of its origins that "
+        "calls its op_overload (a convolution's and a fallback's IR leave origin_node unset)."),
     "remat_order": Hook(
         "Inductor keeps the order remat gives the graphs it compiles, offload copies included: compiled without "
         "Inductor's peak-memory reordering (Note [remat's order kept])",

@@ -95,9 +95,16 @@ def _buffer(graph: Any, name: str) -> Any:
 
 
 def _scratch(node: Any) -> int:
+    """The scratch of the ATen op extern kernel ``node`` runs, from its fx node: ``origin_node``,
+    else (a kernel whose IR names several origins, as a convolution's and a fallback's do) the
+    origin that calls its ``op_overload``."""
     origin = getattr(node, "origin_node", None)
     if origin is None and hasattr(node, "get_origin_node"):
         origin = node.get_origin_node()
+    if origin is None:
+        op = getattr(node, "op_overload", None)
+        calls = [o for o in getattr(node, "origins", ()) if op is not None and getattr(o, "target", None) is op]
+        origin = calls[0] if len(calls) == 1 else None
     return scratch_bytes(origin) if origin is not None else 0
 
 
