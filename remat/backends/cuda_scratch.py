@@ -87,18 +87,19 @@ def measure_scratch(run: Callable[[], Any], meter: Meter, allocated: Callable[[]
 
 def _call(node: fx.Node) -> tuple[tuple, torch.device, Callable[[], list[Any]]] | None:
     """(cache key, device, a maker of the op's arguments as real tensors) for ``node``, or None
-    when one of its tensors is not on CUDA or has a symbolic size."""
+    when one of its tensors is not on CUDA or has a symbolic size (or it has keyword arguments)."""
     specs: list[Any] = []
     device = None
+    if node.kwargs:
+        return None
     for a in node.args:
         if isinstance(a, fx.Node):
             v = a.meta.get("val")
             if not isinstance(v, torch.Tensor) or v.device.type != "cuda":
                 return None
-            try:
-                spec = (tuple(int(x) for x in v.shape), tuple(int(x) for x in v.stride()), v.dtype)
-            except (TypeError, RuntimeError):  # a symbolic size: not measured
-                return None
+            if any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride())):
+                return None  # a symbolic size: not measured (reading it as an int would guard on it)
+            spec = (tuple(int(x) for x in v.shape), tuple(int(x) for x in v.stride()), v.dtype)
             device = v.device
             specs.append(("tensor", spec))
         elif any(isinstance(x, (torch.SymInt, fx.Node)) for x in (a if isinstance(a, (list, tuple)) else (a,))):
