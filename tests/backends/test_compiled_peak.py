@@ -177,8 +177,10 @@ def test_budget_is_kept_as_measured_after_replanning(monkeypatch):
     monkeypatch.setattr(capture.RematBackend, "_apply_readings", first_misses)
     model, loss = small_models.llama()
     # The logits' gradient planned (output_grads="all") keeps the first plan within the forced
-    # miss of the budget, so that a second plan fits with the excess added.
-    rm = remat.checkpoint(copy.deepcopy(model), budget=0.5, output_grads="all")
+    # miss of the budget, so that a second plan fits with the excess added. (At 0.5 no plan reads
+    # under the budget on the newest torch, whose smaller plans compile above their predictions:
+    # there the step raises InfeasibleBudgetError, as it should.)
+    rm = remat.checkpoint(copy.deepcopy(model), budget=0.55, output_grads="all")
     measured = measured_peak(rm, rm, loss)
     (plan,) = remat.compiled_plans(rm)
     assert plan.compiled_peak_bytes <= plan.budget_bytes
