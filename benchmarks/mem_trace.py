@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: `remat`, `zoo`
 import remat  # noqa: E402
 import zoo  # noqa: E402
+from benchmarks.real_models import tuning_pending  # noqa: E402
 from zoo import workloads  # noqa: E402
 
 
@@ -89,20 +90,20 @@ def main(argv: list[str] | None = None) -> None:
             out = fn(x)
             out.backward(torch.randn_like(out))
         name = a.workload
-    step()
-    n = 0  # measured plans (remat.tuning) run their candidates on the first steps: record after them
-    while n < 60 and any(not p.chosen_by and any(m.startswith("measuring ") for m in p.notes)
-                         for p in remat.compiled_plans(fn)):
+    def zero_grads() -> None:
         for p in fn.parameters():
             p.grad = None
+
+    step()
+    n = 0  # measured plans (remat.tuning) run their candidates on the first steps: record after them
+    while n < 60 and tuning_pending(fn):
+        zero_grads()
         step()
         n += 1
     print(f"{n} step(s) until every graph chose its plan")
-    for p in fn.parameters():
-        p.grad = None
+    zero_grads()
     step()
-    for p in fn.parameters():
-        p.grad = None
+    zero_grads()
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     step()

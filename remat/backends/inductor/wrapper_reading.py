@@ -103,7 +103,7 @@ def _scratch(node: Any) -> int:
         origin = node.get_origin_node()
     if origin is None:
         op = getattr(node, "op_overload", None)
-        calls = [o for o in getattr(node, "origins", ()) if op is not None and getattr(o, "target", None) is op]
+        calls = [o for o in getattr(node, "origins", ()) if getattr(o, "target", None) is op] if op is not None else []
         origin = calls[0] if len(calls) == 1 else None
     return scratch_bytes(origin) if origin is not None else 0
 
