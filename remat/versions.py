@@ -484,6 +484,21 @@ HOOKS: dict[str, Hook] = {
         "Predicted peaks drift from the compiled ones around padded matmuls (a GPU's pad_mm).",
         "Read in the 2.11, 2.13 and 2.14.1 sources (the same test: one mm or addmm reader, padding of four, "
         "a 2-D operand, then realize); seen in 2.11's CUDA code generated on a CPU (gpu_offline.py --pad-mm force)."),
+    "comprehensive_padding": Hook(
+        "GPU: Inductor pads the strides of the buffers whose layout it picks, and copies a view the padded strides "
+        "cannot express before an extern kernel reads it (Note [Padded strides])",
+        ("torch._inductor.config.comprehensive_padding", "torch._inductor.config.disable_padding_cpu",
+         "torch._inductor.config.pad_channels_last", "torch._inductor.config.padding_alignment_bytes",
+         "torch._inductor.config.padding_stride_threshold", "torch._inductor.ir.Layout._pad_strides",
+         "torch._inductor.graph.mark_nodes_dislike_padding", "torch._inductor.ir.ExternKernel.realize_input",
+         "torch._inductor.graph.GraphLowering.run_node"),
+        (f"{_INDUCTOR}.padding", f"{_INDUCTOR}.fusion.realization", f"{_INDUCTOR}.fusion.allocation"),
+        ("2.11", "2.13", "2.14"), OnDrift.WARN,
+        "Predicted peaks drift from the compiled ones on a GPU where a buffer's strides are padded.",
+        "Read in the 2.11, 2.13 and 2.14.1 sources (the same rule: strides past 1,024 elements rounded up to 128 "
+        "bytes, channels-last and convolution inputs left alone; a view that is not strides over the padded "
+        "buffer copied for an extern kernel); seen in 2.13's C++ code with disable_padding_cpu off "
+        "(tests/backends/test_padded_strides.py) and 2.11's CUDA code generated on a CPU (gpu_offline.py)."),
     "iteration_space": Hook(
         "GPU: a Triton kernel loops over one iteration space, so work of other sizes between two extern kernels "
         "is another kernel (Note [One iteration space])",

@@ -86,6 +86,21 @@ class NodeLowering:
     [Offloaded values in Inductor's kernels]): its output never takes a freed buffer, and no
     kernel writes into it in place (its readers read it through an alias)."""
 
+    padded_nbytes: int = 0
+    """The bytes of its buffer where Inductor pads its strides (a GPU's comprehensive padding; 0:
+    unpadded), stored by a pointwise or reduction kernel (Note [Padded strides] in
+    ``remat.backends.inductor.padding``)."""
+    copy_nbytes: int = 0
+    """A view that cannot be expressed over its base's padded strides: the bytes of the copy
+    Inductor makes for an extern kernel that reads it (0: none is made)."""
+    unpadded_in_backward: bool = False
+    """A forward value the backward, where it recomputes it, stores unpadded (the backward's
+    convolutions mark it: Note [Padded strides])."""
+    fixes_layout: bool = False
+    """An op that fixes the layout of an operand with several readers (``mm``, a convolution's
+    backward): Inductor gives such an operand its traced strides, copying a view the padded
+    strides cannot express (Note [Padded strides])."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.kind, Kind):
             raise RematError(f"remat: internal error: a node's lowering kind is {self.kind!r}, not a Kind "
@@ -133,7 +148,10 @@ class FusionGraph:
         return self.facts[v].dtype
 
     def elements(self, v: int) -> int:
-        """Elements of the buffer ``v`` allocates itself (0 for a view, an input, a tuple)."""
+        """Elements of the buffer ``v`` allocates itself (0 for a view, an input, a tuple); a
+        padded buffer's are its value's, not its storage's."""
+        if self.facts[v].padded_nbytes and self.numel_of(v):
+            return self.numel_of(v)
         return self.nbytes[v] // itemsize(self.facts[v].dtype)
 
     def numel_of(self, v: int) -> int:

@@ -11,7 +11,7 @@ from ...core.peak import Offload, Schedule, Step, ancestors
 from .facts import FusionGraph, Kind, NodeLowering, check_facts, itemsize
 from .fusion import FusionRules, kernels, lower
 
-__all__ = ["KernelModel", "kernel_steps", "early_order", "elements"]
+__all__ = ["KernelModel", "kernel_steps", "early_order", "elements", "stored_bytes"]
 
 _Key = tuple[int, int]
 
@@ -37,11 +37,13 @@ class KernelModel:
         return self.facts[v].kind is Kind.EXTERN
 
     def graph(self, s: Schedule, order: Iterable[int], given: Iterable[int], outputs: Iterable[int],
-              numel: tuple[int, ...] | None = None) -> FusionGraph:
-        """One graph of the step (``order``: its nodes in execution order) as ``fusion`` lowers it."""
-        outputs = frozenset(outputs)
-        return FusionGraph(tuple(order), s.inputs, self.facts, s.nbytes, frozenset(given), outputs,
-                           frozenset(s.root[v] for v in outputs),  # a gradient may be a view (permute of mm)
+              numel: tuple[int, ...] | None = None, backward: bool = False) -> FusionGraph:
+        """One graph of the step (``order``: its nodes in execution order; ``backward``: the
+        backward's) as ``fusion`` lowers it."""
+        outputs, given = frozenset(outputs), frozenset(given)
+        nbytes = stored_bytes(s.nbytes, self.facts, given, backward)
+        return FusionGraph(tuple(order), s.inputs, self.facts, nbytes, given,
+                           outputs, frozenset(s.root[v] for v in outputs),  # a gradient may be a view (permute of mm)
                            elements(s, self.facts) if numel is None else numel, frozenset(s.tangent))
 
 
@@ -76,7 +78,8 @@ def kernel_steps(s: Schedule, saved: set[int], fwd: list[int], bwd: list[int], m
     names = c.names if c else s.names
     boundary = 0
     for phase, nodes, given, outputs in graphs:
-        g = c.graph(s, phase, nodes, given, outputs, numel) if c else model.graph(s, nodes, given, outputs, numel)
+        g = (c.graph(s, phase, nodes, given, outputs, numel) if c
+             else model.graph(s, nodes, given, outputs, numel, phase == 1))
 
         def key(u: int, phase: int = phase, given: set[int] = given) -> _Key:
             if u in given:  # an input of this graph: a forward value (a saved view keeps its base)
@@ -159,9 +162,11 @@ class _Copies:
     def graph(self, s: Schedule, phase: int, order: list[int], given: Iterable[int], outputs: Iterable[int],
               numel: tuple[int, ...]) -> FusionGraph:
         """One graph of the step with the copies, as ``KernelModel.graph`` builds it without."""
-        outputs = frozenset(outputs)
-        return FusionGraph(tuple(order), self.inputs[phase], self.facts, self.nbytes, frozenset(given), outputs,
-                           frozenset(self.root(s, v, phase) for v in outputs), numel, frozenset(s.tangent))
+        outputs, given = frozenset(outputs), frozenset(given)
+        return FusionGraph(tuple(order), self.inputs[phase], self.facts,
+                           stored_bytes(self.nbytes, self.facts, given, phase == 1),
+                           given, outputs, frozenset(self.root(s, v, phase) for v in outputs), numel,
+                           frozenset(s.tangent))
 
     def placed(self, s: Schedule, fwd: list[int], bwd: list[int], offload: Offload, ops_fwd: list[int],
                ops_bwd: list[int]) -> tuple[list[int], list[int]]:
@@ -215,6 +220,23 @@ def _copies(s: Schedule, model: KernelModel, offload: Offload, bwd: list[int]) -
         names += [f"to_host({names[v]})", f"ready({names[v]})", f"to_device({names[v]})"]
     return _Copies(to_host, ready, to_device, (tuple(fwd_inputs), tuple(bwd_inputs)), tuple(facts), tuple(nbytes),
                    tuple(names))
+
+
+def stored_bytes(nbytes: Sequence[int], facts: Sequence[NodeLowering], given: frozenset[int],
+                 backward: bool) -> tuple[int, ...]:
+    """The bytes of each node's buffer as Inductor allocates it in one graph (``given``: its
+    inputs; ``backward``: the backward's): a padded buffer's padded size, and for a view of one
+    that the graph copies for an extern kernel, the copy's (Note [Padded strides] in
+    ``remat.backends.inductor.padding``); an input's are the graph that made it's. The fusion
+    model takes a value to be padded where its bytes are its padded bytes."""
+    def one(v: int, f: NodeLowering, b: int) -> int:
+        if v in given:
+            return f.padded_nbytes or b
+        if f.padded_nbytes and not (backward and f.unpadded_in_backward):
+            return f.padded_nbytes
+        return f.copy_nbytes or b
+
+    return tuple(one(v, f, b) for v, (f, b) in enumerate(zip(facts, nbytes)))
 
 
 def elements(s: Schedule, facts: tuple[NodeLowering, ...]) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ an extern kernel holds is ATen's, both backends': ``remat.backends.aten_scratch`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from ...compat import OpOverload
 from ...versions import drift
 from ..base import INDEX_SOURCE
 from .facts import Kind, NodeLowering
+from .padding import padding_facts
 
 __all__ = ["HEAVY_OPS", "lowering_kind", "inductor_runs_extern", "node_lowering", "node_lowerings", "fusion_blocks",
            "index_sources"]
@@ -287,7 +289,13 @@ def node_lowering(node: fx.Node, block: str | None) -> NodeLowering:
         heavy=packet(op_name(node)).split(".")[-1] in HEAVY_OPS,
         at_reader=_fused_into_addmm(node),
         stores_operand=_pad_stores_operand(node),
+        fixes_layout=op_name(node) in _FIXED_LAYOUT,
     )
+
+
+_FIXED_LAYOUT = frozenset({"aten.mm.default", "aten._int_mm.default", "aten.convolution_backward.default"})
+"""Ops whose operands with several readers Inductor gives their traced strides (``graph.py:
+GraphLowering.run_node``, ``need_fixed_layout``; ``versions.HOOKS["comprehensive_padding"]``)."""
 
 
 # Note [A padded matmul operand is stored]
@@ -352,8 +360,12 @@ def _fused_into_addmm(node: fx.Node) -> bool:
 
 
 def node_lowerings(nodes: list[fx.Node]) -> tuple[NodeLowering, ...]:
-    """``node_lowering`` of each of a joint graph's nodes (all but its output, in order)."""
-    return tuple(node_lowering(n, b) for n, b in zip(nodes, fusion_blocks(nodes)))
+    """``node_lowering`` of each of a joint graph's nodes (all but its output, in order), with
+    the padding Inductor gives them on their device (Note [Padded strides])."""
+    facts = [node_lowering(n, b) for n, b in zip(nodes, fusion_blocks(nodes))]
+    padded, copied, unpadded = padding_facts(nodes, [f.kind for f in facts])
+    return tuple(dataclasses.replace(f, padded_nbytes=p, copy_nbytes=c, unpadded_in_backward=u) if p or c else f
+                 for f, p, c, u in zip(facts, padded, copied, unpadded))
 
 
 def fusion_blocks(nodes: list[fx.Node]) -> tuple[str | None, ...]:

@@ -68,7 +68,7 @@ def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[
     buffer): node -> that storage. Kernels of two different blocks (``NodeLowering.block``) are
     never fused (remat compiles with stage-local fusion, Note [Stage-local fusion])."""
     keep = g.given | g.output_storages
-    reads = {v: frozenset().union(*(lowered.reads.get(u, frozenset()) for u in g.inputs[v])) - {v}
+    reads = {v: frozenset().union(*(_read(u, v, g, lowered) for u in g.inputs[v])) - {v}
              for v in g.order if v in lowered.stored}
     groups, mixed = _groups(g, lowered, rules, reads)
     whole, whole_reads = groups, reads  # what Inductor's own peak estimate counts (Note [Reuse estimate])
@@ -111,6 +111,14 @@ def kernels(g: FusionGraph, lowered: Lowered, rules: FusionRules) -> tuple[list[
     return out, alias
 
 
+def _read(u: int, v: int, g: FusionGraph, lowered: Lowered) -> frozenset[int]:
+    """The storages stored node ``v`` loads for its operand ``u``: an extern kernel reads a copied
+    view's copy (``Lowered.copies``), everything else what ``u``'s value lives in."""
+    if u in lowered.copies and g.is_extern(v):
+        return frozenset({u})
+    return lowered.reads.get(u, frozenset())
+
+
 def _merged(groups: list[list[int]], g: FusionGraph, rules: FusionRules) -> tuple[list[list[int]], list[int]]:
     """The C++ backend's kernel groups (``FusionRules.one_kernel_between_externs``): the fused
     kernels between two extern kernels, of one block, merged; with, per merged group, the index
@@ -150,7 +158,8 @@ def _groups(g: FusionGraph, lowered: Lowered, rules: FusionRules,
     run: list[int] = []  # the current run's kernels: indices into ``groups``
     space: dict[int, tuple[int, int]] = {}  # per kernel of the run: its iteration space (Note [One iteration space])
     where: dict[int, int] = {}  # stored node -> its kernel
-    order = _randoms_at_readers(g, lowered, reads) if rules.random_at_reader else g.order
+    order = _randoms_at_readers(g, lowered, reads) if rules.random_at_reader else list(g.order)
+    order = _copies_at_readers(order, g, lowered)
     for v in order:
         if v not in lowered.stored:
             continue
@@ -214,6 +223,30 @@ def _randoms_at_readers(g: FusionGraph, lowered: Lowered, reads: dict[int, froze
         order += sorted(before.get(v, ()))
         order.append(v)
     return order
+
+
+def _copies_at_readers(order: list[int], g: FusionGraph, lowered: Lowered) -> list[int]:
+    """``order`` with each copied view (``Lowered.copies``) moved to just before the first extern
+    kernel reading it: Inductor makes the copy while it lowers that kernel (Note [Padded
+    strides] in ``remat.backends.inductor.padding``; ``versions.HOOKS["comprehensive_padding"]``)."""
+    if not lowered.copies:
+        return order
+    first: dict[int, int] = {}
+    for w in order:
+        if g.is_extern(w):
+            for u in g.inputs[w]:
+                if u in lowered.copies:
+                    first.setdefault(u, w)
+    before: dict[int, list[int]] = {}
+    for u, w in first.items():
+        before.setdefault(w, []).append(u)
+    out: list[int] = []
+    for v in order:
+        if v in first:
+            continue
+        out += sorted(before.get(v, ()))
+        out.append(v)
+    return out
 
 
 # Note [Sibling kernels fused]
@@ -395,10 +428,14 @@ def _local_buffers(groups: list[list[int]], reads: dict[int, frozenset[int]], g:
     for v, rd in reads.items():
         for u in rd:
             readers.setdefault(u, []).append(v)
+
+    def work(w: int) -> Kind:  # a stored view is a copy (Note [Padded strides]): pointwise work
+        return Kind.POINTWISE if g.kind(w) is Kind.VIEW else g.kind(w)
+
     return {v for v in group_of if g.kind(v) in (Kind.POINTWISE, Kind.RANDOM) and v not in keep and readers.get(v)
             and all(group_of.get(w) == group_of[v] for w in readers[v])
-            and (registers or len({g.kind(w) for w in readers[v]}) == 1)
-            and all(g.kind(w) in (Kind.POINTWISE, Kind.REDUCTION) for w in readers[v])
+            and (registers or len({work(w) for w in readers[v]}) == 1)
+            and all(work(w) in (Kind.POINTWISE, Kind.REDUCTION) for w in readers[v])
             and all(passes.get(w, 0) == passes.get(v, 0) for w in readers[v])}
 
 

@@ -29,7 +29,9 @@ following Inductor's lowering (``torch/_inductor/graph.py: GraphLowering.run_nod
 * a stored value that loads nothing is recomputed by its pointwise readers (Note [Stored values
   that load nothing]);
 * views alias the value they view (stored or inlined alike); a view's readers count as its
-  value's (Note [Readers of a view]).
+  value's (Note [Readers of a view]); on a GPU, an extern kernel reads a view that padded strides
+  cannot express through a copy (``Lowered.copies``; Note [Padded strides] in
+  ``remat.backends.inductor.padding``; ``versions.HOOKS["comprehensive_padding"]``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class Lowered:
 
     stored: frozenset[int]
     reads: dict[int, frozenset[int]] = field(default_factory=dict)
+    copies: frozenset[int] = frozenset()
+    """Views of a padded buffer that an extern kernel reads through a copy, stored just before it
+    (Note [Padded strides] in ``remat.backends.inductor.padding``); other readers read the
+    view's base."""
 
 
 @dataclass
@@ -115,6 +121,7 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
     base: dict[int, int] = {}  # view -> the node whose value it views (stored or inlined)
 
     cheap: dict[int, _Expr] = {}  # stored values that load nothing: pointwise readers inline them
+    copies: set[int] = set()  # views an extern kernel reads through a copy of their own
 
     def store(v: int) -> None:
         v = base.get(v, v)
@@ -137,6 +144,11 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
             reads[v] = reads.get(b, frozenset())
             if b in expr and len(users[v]) > 1:  # Note [Readers of a view]
                 _realize_pointwise(b, expr[b], users[v], False, g, rules, store)
+            if (g.facts[v].copy_nbytes and v not in g.given and _padded(b, g) and len(users[v]) > 1
+                    and any(g.facts[w].fixes_layout for w in users[v])):
+                stored.add(v)  # Note [Padded strides]: Inductor replaces the view by a copy for all its readers
+                reads[v] = frozenset({v})
+                base[v] = v
             continue
         if k is Kind.POINTWISE:
             if g.facts[v].stores_operand:  # Note [A padded matmul operand is stored]
@@ -159,12 +171,22 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
         if k is Kind.EXTERN:
             for u in args:
                 store(u)
+                if g.facts[u].copy_nbytes and u not in g.given and _padded(base.get(u, u), g):
+                    copies.add(u)  # Note [Padded strides]: Inductor copies the view for this kernel
         stored.add(v)
         reads[v] = frozenset({v})
     for v in outs:
         if v in member:
             store(v)
-    return Lowered(frozenset(stored), reads)
+    return Lowered(frozenset(stored | copies), reads, frozenset(copies))
+
+
+def _padded(b: int, g: FusionGraph) -> bool:
+    """Whether ``b``'s buffer has padded strides: a value a pointwise or reduction kernel stores
+    (Note [Padded strides]), here or in the graph that made it."""
+    f = g.facts[b]
+    return bool(f.padded_nbytes) and g.nbytes[b] == f.padded_nbytes and f.kind in (
+        Kind.POINTWISE, Kind.REDUCTION, Kind.OUTER_REDUCTION, Kind.RANDOM)
 
 
 def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, g: FusionGraph,
