@@ -121,6 +121,12 @@ def main(argv: list[str] | None = None) -> None:
         files.add(fname)
         src = linecache.getline(fname, line).strip()
         lines.append(f"{size / 2**20:10.2f} MiB  {os.path.basename(fname)}:{line} {func}: {src[:140]}")
+    from remat.backends import cuda_scratch  # the measured library scratch (Note [Measured library scratch])
+
+    scratch = sorted(cuda_scratch._CACHE.items(), key=lambda kv: -kv[1])[:16]
+    lines.append("measured library scratch, largest first (op, argument shapes and strides):")
+    lines += [f"{v / 2**20:10.2f} MiB  {k[0]} {[x[1][:2] if x[0] == 'tensor' else x[1] for x in k[1]]}"
+              for k, v in scratch]
     text = "\n".join(lines)
     print(text)
     os.makedirs(a.out, exist_ok=True)

@@ -59,6 +59,7 @@ SUITE_MATRIX = (H100 + "u-t5-b03.json",) + tuple(H100 + f"suite-h100-{tag}-{mode
     ("s14a", ("bert", "gpt2", "llama", "swin", "t5", "vit")),
     ("s14b", ("convnext", "mixtral", "resnet50")),
     ("s14c", ("convnext",)),
+    ("s15a", ("bert", "convnext", "efficientnet", "mobilenetv3", "swin", "vit")),
 ) for model in models)
 SUITE_ORDER = ("gpt2", "llama", "vit", "resnet50", "bert", "t5", "mixtral", "swin", "convnext", "efficientnet",
                "mobilenetv3")
