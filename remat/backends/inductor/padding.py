@@ -13,6 +13,8 @@ import torch.fx as fx
 
 from ...analysis.halves import is_tangent
 from ...analysis.op_facts import view_root
+from ...analysis.ops import op_name, packet
+from ...compat import OpOverload
 from ...versions import drift
 from .facts import Kind
 
@@ -110,10 +112,9 @@ _LIKE = ("aten.var_mean", "aten.sum", "aten.mean", "aten.prod", "aten.any", "ate
 
 
 def _packet(node: fx.Node) -> str:
-    """``node``'s op packet as ``namespace.name`` ("" for a placeholder or a non-op target)."""
-    t = node.target
-    p = getattr(t, "overloadpacket", None) if node.op == "call_function" else None
-    return f"{getattr(t, 'namespace', '')}.{p.__name__}" if p is not None else ""
+    """``node``'s op packet as ``namespace.name`` ("" for a placeholder or a non-op target such as
+    ``getitem``, which Inductor's marking passes over)."""
+    return packet(op_name(node)) if isinstance(node.target, OpOverload) else ""
 
 
 def _disliked(nodes: Sequence[fx.Node], starts: set[fx.Node]) -> set[fx.Node]:

@@ -11,6 +11,7 @@ last time (``inplace``); a freed buffer is held for a later one of its size (``r
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..facts import FusionGraph, Kind
@@ -213,16 +214,7 @@ def _randoms_at_readers(g: FusionGraph, lowered: Lowered, reads: dict[int, froze
             for u in reads.get(w, ()):
                 if g.kind(u) is Kind.RANDOM and u in lowered.stored:
                     first.setdefault(u, w)
-    before: dict[int, list[int]] = {}
-    for u, w in first.items():
-        before.setdefault(w, []).append(u)
-    order: list[int] = []
-    for v in g.order:
-        if v in first:
-            continue
-        order += sorted(before.get(v, ()))
-        order.append(v)
-    return order
+    return _moved_before(g.order, first)
 
 
 def _copies_at_readers(order: list[int], g: FusionGraph, lowered: Lowered) -> list[int]:
@@ -237,6 +229,12 @@ def _copies_at_readers(order: list[int], g: FusionGraph, lowered: Lowered) -> li
             for u in g.inputs[w]:
                 if u in lowered.copies:
                     first.setdefault(u, w)
+    return _moved_before(order, first)
+
+
+def _moved_before(order: Sequence[int], first: dict[int, int]) -> list[int]:
+    """``order`` with each node of ``first`` moved to just before the node it maps to (several
+    before one in id order)."""
     before: dict[int, list[int]] = {}
     for u, w in first.items():
         before.setdefault(w, []).append(u)

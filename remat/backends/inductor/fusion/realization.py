@@ -182,11 +182,11 @@ def lower(g: FusionGraph, rules: FusionRules) -> Lowered:
 
 
 def _padded(b: int, g: FusionGraph) -> bool:
-    """Whether ``b``'s buffer has padded strides: a value a pointwise or reduction kernel stores
-    (Note [Padded strides]), here or in the graph that made it."""
+    """Whether ``b``'s buffer has padded strides in this graph (Note [Padded strides]): only a
+    value a pointwise or reduction kernel stores has padded bytes, and a graph that stores it
+    unpadded gives it its plain ones (``kernel_model.stored_bytes``)."""
     f = g.facts[b]
-    return bool(f.padded_nbytes) and g.nbytes[b] == f.padded_nbytes and f.kind in (
-        Kind.POINTWISE, Kind.REDUCTION, Kind.OUTER_REDUCTION, Kind.RANDOM)
+    return bool(f.padded_nbytes) and g.nbytes[b] == f.padded_nbytes
 
 
 def _realize_pointwise(v: int, e: _Expr, readers: list[int], is_output: bool, g: FusionGraph,
