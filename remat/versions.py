@@ -544,6 +544,20 @@ HOOKS: dict[str, Hook] = {
         "2.13: none on by default; 2.14: the simple overlap of collectives, on by default). Checked on 2.11 "
         "in Inductor's CUDA lowering without a GPU (ViT-B/16 at budget=0.5: the estimate was the backward's "
         "saved values, 928.3 MiB)."),
+    "extern_operand_layouts": Hook(
+        "the layouts Inductor passes a convolution's operands, with which its cuDNN scratch is measured (Note "
+        "[Operands as the backend lays them out]): aten.convolution's input and weight in the stride order of "
+        "its output, channels-last under the layout optimization; convolution_backward's as traced; read back "
+        "from the compiled extern kernel's inputs",
+        ("torch._inductor.kernel.conv.convolution", "torch._inductor.kernel.conv.conv_layout",
+         "torch._inductor.ir.ExternKernel.inputs", "torch._inductor.ir.IRNode.get_stride"),
+        (f"{_INDUCTOR}.extern_layouts",), ("2.11", "2.13", "2.14"), OnDrift.WARN,
+        "A convolution's measured scratch may count a copy of an operand the compiled kernel never makes, or "
+        "miss one it does: the predicted peak drifts from the compiled one on CUDA.",
+        "Run on 2.13 and 2.14.1 (tests/backends/test_extern_layouts.py: the operands Inductor's CPU lowering "
+        "passes its extern convolution, with and without the layout optimization); on 2.11 the lowering read in "
+        "its source (kernel/conv.py: require_stride_order to conv_layout's order, require_channels_last under "
+        "layout_opt), the same."),
     # --- ATen kernels' scratch (remat.backends.aten_scratch) -------------------------------------
     "aten_cpu_convolution_scratch": Hook(
         "ATen's CPU convolutions (oneDNN) copy their operands into blocked layouts",

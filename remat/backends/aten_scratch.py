@@ -10,21 +10,22 @@ import torch.fx as fx
 
 from ..analysis import cost
 from ..analysis.ops import op_name
-from .cuda_scratch import cuda_library_scratch
+from .cuda_scratch import Strides, cuda_library_scratch
 
 __all__ = ["scratch_bytes", "cpu_convolution_scratch", "cpu_dropout_scratch", "cpu_flash_attention_scratch"]
 
 
-def scratch_bytes(node: fx.Node) -> int:
+def scratch_bytes(node: fx.Node, strides: Strides | None = None) -> int:
     """Scratch bytes an ATen kernel holds while it runs, beyond its outputs. CPU convolutions:
     operand copies (``cpu_convolution_scratch``); CUDA ones: cuDNN's workspace, measured on the
-    device (Note [Measured library scratch] in ``remat.backends.cuda_scratch``). CPU flash attention: per-thread blocks
+    device with the operands laid out in ``strides`` where given, the backend's layouts (Note
+    [Measured library scratch] in ``remat.backends.cuda_scratch``). CPU flash attention: per-thread blocks
     (``cpu_flash_attention_scratch``). Other attention backward kernels accumulate the query
     gradient in float32 (FlashAttention's ``dq_accum``): 4 bytes per element of it. CPU
     ``native_dropout``: a tensor of its input's size and dtype (``cpu_dropout_scratch``)."""
     op = op_name(node)
     if op in ("aten.convolution.default", "aten.convolution_backward.default"):
-        return cpu_convolution_scratch(node) or cuda_library_scratch(node)
+        return cpu_convolution_scratch(node) or cuda_library_scratch(node, strides)
     if op == "aten.native_dropout.default":
         return cpu_dropout_scratch(node)
     if op.startswith("aten._scaled_dot_product_flash_attention_for_cpu"):

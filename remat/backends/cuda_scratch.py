@@ -20,14 +20,15 @@ blocks live at the peak that no planned buffer explains being held inside
 (256, 960, 7, 7), 147 MiB for a 7 x 7 one at (128, 768, 7, 7), where the gradient they return
 is 23 and 9 MiB.
 
-The measurement can also run long: ATen's cuDNN path keeps only the plans whose workspace fits the
-largest free block the caching allocator holds when a call's plan is chosen
-(``Conv_v8.cpp: get_available_workspace``), so a call measured with much memory free may hold more
-than it does inside a loaded step. Measured on an H100 (``benchmarks/README.md``, ``s15a``): the
-depthwise nets' default plans now read within +1% of their measured peaks (-2.8% and -2.7% before),
-but EfficientNet-B0 at ``budget=0.5``, whose plan recomputes 33 convolutions in the backward, read
-2,121 MiB against 1,756 measured (the cause not traced yet). A budget is kept either way: the
-plan's peak model folds the measured step in (Note [Measured budget peak]).
+The call's operands are made before anything is measured, and laid out as the backend passes them
+(Note [Operands as the backend lays them out] in ``remat.backends.inductor.extern_layouts``). Made
+inside the measured call, as they first were, they counted as its scratch: found with
+``benchmarks/scratch_check.py`` (H100, the oldest verified torch, EfficientNet-B0 at ``budget=0.5``,
+each convolution the compiled step runs wrapped and measured in place), the forward convolutions
+held nothing beyond their outputs where the probe had measured their inputs (294 MiB for one at
+(128, 96, 112, 112)), and a depthwise backward at (128, 1152, 7, 7) held 40.5 MiB where the probe
+measured 68.5 (its two 13.8 MiB operands more). That plan, recomputing 33 convolutions in the
+backward, had read 2,121 MiB against 1,756 measured.
 
 Where it cannot be measured (no CUDA device, a symbolic size, the call failing or out of memory)
 it counts as 0: the prediction is then short by it, and a budget is still kept by the measured step
@@ -36,7 +37,7 @@ it counts as 0: the prediction is then short by it, and a budget is still kept b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -54,30 +55,43 @@ MEASURED_OPS = frozenset({"aten.convolution.default", "aten.convolution_backward
 _CACHE: dict[tuple, int] = {}
 
 
-def cuda_library_scratch(node: fx.Node) -> int:
+Strides = Sequence[tuple[int, ...] | None]
+"""The strides a backend passes the kernel, one entry per tensor argument in order (None: its
+traced strides)."""
+
+
+def cuda_library_scratch(node: fx.Node, strides: Strides | None = None) -> int:
     """Scratch bytes ``node``'s CUDA library kernel allocates while it runs (Note [Measured
-    library scratch]); 0 for other ops, off CUDA or where it cannot be measured."""
+    library scratch]), its tensor arguments laid out with ``strides`` where given (the layouts
+    the backend passes it: Note [Operands as the backend lays them out]), else as traced; 0 for
+    other ops, off CUDA or where it cannot be measured."""
     if op_name(node) not in MEASURED_OPS or not torch.cuda.is_available():
         return 0
-    call = _call(node)
+    call = _call(node, strides)
     if call is None:
         return 0
     key, device, make_args = call
     if key not in _CACHE:
         op = node.target
-        _CACHE[key] = measure_scratch(lambda: op(*make_args()), device_meter(device),
-                                      lambda: torch.cuda.memory_allocated(device), torch.cuda.synchronize)
+
+        def prepare() -> Callable[[], Any]:
+            args = make_args()
+            return lambda: op(*args)
+        _CACHE[key] = measure_scratch(prepare, device_meter(device), lambda: torch.cuda.memory_allocated(device),
+                                      torch.cuda.synchronize)
     return _CACHE[key]
 
 
-def measure_scratch(run: Callable[[], Any], meter: Meter, allocated: Callable[[], int],
+def measure_scratch(prepare: Callable[[], Callable[[], Any]], meter: Meter, allocated: Callable[[], int],
                     sync: Callable[[], None] = lambda: None) -> int:
-    """Bytes ``run`` allocates beyond what it returns: its second call's peak above the start of a
-    window of ``meter``, less what the call left allocated (its result, held until the window
-    closes; ``allocated`` reads the allocator); 0 when a call fails (the device out of memory, or
-    no device: a CUDA build faking one)."""
+    """Bytes a call allocates beyond what it returns: ``prepare()`` makes its arguments (before
+    anything is measured: they are the step's, not the call's) and returns the call; its second
+    run's peak above the start of a window of ``meter``, less what the run left allocated (its
+    result, held until the window closes; ``allocated`` reads the allocator); 0 when a call fails
+    (the device out of memory, or no device: a CUDA build faking one)."""
     try:
         with compat.real_tensors(), torch.no_grad():
+            run = prepare()
             run()  # warm-up: lazy initialisation, benchmark mode's trials
             sync()
             before = allocated()
@@ -88,19 +102,21 @@ def measure_scratch(run: Callable[[], Any], meter: Meter, allocated: Callable[[]
                 held = allocated() - before
             finally:
                 above = meter.close(window)
-            del out
+            del out, run
     except RuntimeError:  # out of memory (torch.cuda.OutOfMemoryError), or no device to run on
         return 0
     return max(0, above - held)
 
 
-def _call(node: fx.Node) -> tuple[tuple, torch.device, Callable[[], list[Any]]] | None:
+def _call(node: fx.Node, strides: Strides | None = None) -> tuple[tuple, torch.device, Callable[[], list[Any]]] | None:
     """(cache key, device, a maker of the op's arguments as real tensors) for ``node``, or None
-    when one of its tensors is not on CUDA or has a symbolic size (or it has keyword arguments)."""
+    when one of its tensors is not on CUDA or has a symbolic size (or it has keyword arguments).
+    ``strides``: the tensor arguments' strides where they differ from the traced ones."""
     specs: list[Any] = []
     device = None
     if node.kwargs:
         return None
+    given = list(strides or ())
     for a in node.args:
         if isinstance(a, fx.Node):
             v = a.meta.get("val")
@@ -108,7 +124,10 @@ def _call(node: fx.Node) -> tuple[tuple, torch.device, Callable[[], list[Any]]] 
                 return None
             if any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride())):
                 return None  # a symbolic size: not measured (reading it as an int would guard on it)
-            spec = (tuple(int(x) for x in v.shape), tuple(int(x) for x in v.stride()), v.dtype)
+            laid = given.pop(0) if given else None
+            laid = laid if laid is not None and len(laid) == v.dim() else None
+            spec = (tuple(int(x) for x in v.shape), tuple(int(x) for x in (laid if laid is not None else v.stride())),
+                    v.dtype)
             device = v.device
             specs.append(("tensor", spec))
         elif any(isinstance(x, (torch.SymInt, fx.Node)) for x in (a if isinstance(a, (list, tuple)) else (a,))):

@@ -15,6 +15,7 @@ from ...versions import check_torch_version, drift
 from ..aten_scratch import scratch_bytes
 from ..base import Backend, WrapBackward
 from . import fusion
+from .extern_layouts import operand_strides
 from .hooks import (
     channels_last_nodes,
     compile_fx,
@@ -50,7 +51,12 @@ class InductorBackend(Backend):
         return KernelModel(rules_for_graph(gm), node_lowerings(nodes))
 
     def workspace(self, nodes: list[fx.Node]) -> tuple[int, ...]:
-        return tuple(scratch_bytes(n) for n in nodes)
+        """ATen kernels' scratch with their operands laid out as Inductor passes them (Note
+        [Operands as the backend lays them out])."""
+        convs = [n for n in nodes if n.target is torch.ops.aten.convolution.default]
+        gm = nodes[0].graph.owning_module if nodes else None
+        channels_last = bool(convs and gm is not None and device_of(gm) == "cuda" and channels_last_nodes(gm))
+        return tuple(scratch_bytes(n, operand_strides(n, channels_last)) for n in nodes)
 
     def annotate(self, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
         tag_stages(forward, backward)

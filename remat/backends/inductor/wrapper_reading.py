@@ -22,7 +22,8 @@ allocates nor frees.
 What Inductor does not allocate: the scratch of extern kernels (attention's float32 query
 gradient accumulator, CPU flash attention's per-thread blocks) is added while that kernel runs,
 from ``remat.backends.aten_scratch.scratch_bytes`` on the kernel's fx node (cuDNN convolutions' workspace
-measured on the device: Note [Measured library scratch]); cuBLAS's workspace is allocated once per
+measured on the device with the operands laid out as compiled: Note [Measured library scratch],
+Note [Operands as the backend lays them out]); cuBLAS's workspace is allocated once per
 process and is not part of a step's peak; the outputs a fallback returns
 and Inductor never reads (attention's random seeds) are not counted.
 """
@@ -33,10 +34,13 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...analysis.ops import op_name
 from ...compat import OpOverload
 from ...core.allocations import Event, GraphTrace
 from ...versions import drift
 from ..aten_scratch import scratch_bytes
+from ..cuda_scratch import MEASURED_OPS
+from .extern_layouts import compiled_operand_strides
 
 __all__ = ["read_allocations"]
 
@@ -105,7 +109,10 @@ def _scratch(node: Any) -> int:
         op = getattr(node, "op_overload", None)
         calls = [o for o in getattr(node, "origins", ()) if getattr(o, "target", None) is op] if op is not None else []
         origin = calls[0] if len(calls) == 1 else None
-    return scratch_bytes(origin) if origin is not None else 0
+    if origin is None:
+        return 0
+    # a convolution's operands as compiled (Note [Operands as the backend lays them out])
+    return scratch_bytes(origin, compiled_operand_strides(node) if op_name(origin) in MEASURED_OPS else None)
 
 
 def _aliased(node: Any) -> str | None:
