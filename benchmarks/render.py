@@ -60,6 +60,7 @@ SUITE_MATRIX = (H100 + "u-t5-b03.json",) + tuple(H100 + f"suite-h100-{tag}-{mode
     ("s14b", ("convnext", "mixtral", "resnet50")),
     ("s14c", ("convnext",)),
     ("s15a", ("bert", "convnext", "efficientnet", "mobilenetv3", "swin", "vit")),
+    ("s16b", ("convnext", "efficientnet", "mobilenetv3")),
 ) for model in models)
 SUITE_ORDER = ("gpt2", "llama", "vit", "resnet50", "bert", "t5", "mixtral", "swin", "convnext", "efficientnet",
                "mobilenetv3")
