@@ -28,7 +28,6 @@ import remat  # noqa: E402
 import zoo  # noqa: E402
 from benchmarks.real_models import tuning_pending  # noqa: E402
 from remat.backends import cuda_scratch  # noqa: E402
-from remat.peak_windows import device_meter  # noqa: E402
 
 CONV = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
 """``aten.convolution``'s arguments in order (Inductor's extern call passes some by keyword)."""
@@ -40,10 +39,10 @@ def _spec(a: Any) -> tuple:
     return ("value", tuple(a) if isinstance(a, (list, tuple)) else a)
 
 
-def _key(op: str, args: tuple, device: torch.device) -> tuple:
-    flags = (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.allow_tf32)
-    return (op, tuple(_spec(a) for a in args), flags, device.index)
+def _key(op: str, args: tuple) -> tuple:
+    """The call's key as remat keeps its measurement (``cuda_scratch.call_key``)."""
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    return cuda_scratch.call_key(op, tuple(_spec(a) for a in args), device)
 
 
 def _loose(key: tuple) -> tuple:
@@ -67,7 +66,7 @@ class Calls:
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         held = torch.cuda.memory_allocated(self.device) - before
-        self.rows.append({"key": _key(op, args, self.device), "before": before,
+        self.rows.append({"key": _key(op, args), "before": before,
                           "scratch": max(0, peak - before - held)})
         return out
 
@@ -101,17 +100,7 @@ class Calls:
 
 def reprobe(key: tuple, device: torch.device) -> int:
     """``key``'s scratch measured again as remat measures it before compiling, in today's allocator."""
-    specs = key[1]
-    op = getattr(torch.ops.aten, key[0].split(".")[1]).default
-
-    def make() -> list[Any]:
-        return [torch.empty_strided(s[1][0], s[1][1], dtype=s[1][2], device=device) if s[0] == "tensor"
-                else (list(s[1]) if isinstance(s[1], tuple) else s[1]) for s in specs]
-    def prepare() -> Callable[[], Any]:
-        args = make()
-        return lambda: op(*args)
-    return cuda_scratch.measure_scratch(prepare, device_meter(device),
-                                        lambda: torch.cuda.memory_allocated(device), torch.cuda.synchronize)
+    return cuda_scratch.measure_call(getattr(torch.ops.aten, key[0].split(".")[1]).default, key[1], device)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,7 +47,7 @@ from .. import compat
 from ..analysis.ops import op_name
 from ..peak_windows import Meter, device_meter
 
-__all__ = ["MEASURED_OPS", "cuda_library_scratch", "measure_scratch"]
+__all__ = ["MEASURED_OPS", "call_key", "cuda_library_scratch", "measure_call", "measure_scratch"]
 
 MEASURED_OPS = frozenset({"aten.convolution.default", "aten.convolution_backward.default"})
 """The ops whose CUDA scratch is measured (cuDNN's convolutions)."""
@@ -70,16 +70,30 @@ def cuda_library_scratch(node: fx.Node, strides: Strides | None = None) -> int:
     call = _call(node, strides)
     if call is None:
         return 0
-    key, device, make_args = call
+    key, device, specs = call
     if key not in _CACHE:
-        op = node.target
-
-        def prepare() -> Callable[[], Any]:
-            args = make_args()
-            return lambda: op(*args)
-        _CACHE[key] = measure_scratch(prepare, device_meter(device), lambda: torch.cuda.memory_allocated(device),
-                                      torch.cuda.synchronize)
+        _CACHE[key] = measure_call(node.target, specs, device)
     return _CACHE[key]
+
+
+def call_key(op: str, specs: tuple, device: torch.device) -> tuple:
+    """The key one measurement is kept under: the op's name, its arguments' ``specs`` (a tensor's
+    ``("tensor", (shape, strides, dtype))``, another argument's ``("value", value)``, a list as a
+    tuple), cuDNN's flags and the device."""
+    flags = (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.allow_tf32)
+    return (op, specs, flags, device.index)
+
+
+def measure_call(op: Callable[..., Any], specs: tuple, device: torch.device) -> int:
+    """The scratch of ``op`` on ``device``, called on uninitialised tensors of its arguments'
+    ``specs`` (``call_key``'s) made before it is measured (``measure_scratch``)."""
+    def prepare() -> Callable[[], Any]:
+        args = [torch.empty_strided(s[1][0], s[1][1], dtype=s[1][2], device=device) if s[0] == "tensor"
+                else (list(s[1]) if isinstance(s[1], tuple) else s[1]) for s in specs]
+        return lambda: op(*args)
+    return measure_scratch(prepare, device_meter(device), lambda: torch.cuda.memory_allocated(device),
+                           torch.cuda.synchronize)
 
 
 def measure_scratch(prepare: Callable[[], Callable[[], Any]], meter: Meter, allocated: Callable[[], int],
@@ -108,8 +122,8 @@ def measure_scratch(prepare: Callable[[], Callable[[], Any]], meter: Meter, allo
     return max(0, above - held)
 
 
-def _call(node: fx.Node, strides: Strides | None = None) -> tuple[tuple, torch.device, Callable[[], list[Any]]] | None:
-    """(cache key, device, a maker of the op's arguments as real tensors) for ``node``, or None
+def _call(node: fx.Node, strides: Strides | None = None) -> tuple[tuple, torch.device, tuple] | None:
+    """(cache key, device, its arguments' specs: ``call_key``'s) for ``node``, or None
     when one of its tensors is not on CUDA or has a symbolic size (or it has keyword arguments).
     ``strides``: the tensor arguments' strides where they differ from the traced ones."""
     specs: list[Any] = []
@@ -136,12 +150,4 @@ def _call(node: fx.Node, strides: Strides | None = None) -> tuple[tuple, torch.d
             specs.append(("value", tuple(a) if isinstance(a, list) else a))
     if device is None:
         return None
-    flags = (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.allow_tf32)
-    key = (op_name(node), tuple(specs), flags, device.index)
-
-    def make() -> list[Any]:
-        return [torch.empty_strided(s[1][0], s[1][1], dtype=s[1][2], device=device) if s[0] == "tensor"
-                else (list(s[1]) if isinstance(s[1], tuple) else s[1]) for s in specs]
-
-    return key, device, make
+    return call_key(op_name(node), tuple(specs), device), device, tuple(specs)
